@@ -1,0 +1,39 @@
+"""labsupport: plumbing for the distributed-training course.
+
+    import labsupport as ls
+    cluster = ls.start(world_size=4)      # 4 ranks, process group initialised
+    cluster.run(fn)                       # fn() on every rank -> [result_rank0, ...]
+
+Imported in a Jupyter kernel, it also registers the ``%%ranks`` cell magic and
+the book's offline plotly renderer.
+"""
+import sys
+
+from labsupport.errors import RankError, RankTimeout
+from labsupport.launcher import Cluster, current, run, shutdown, start
+from labsupport.script import device, main
+
+__all__ = ["Cluster", "RankError", "RankTimeout", "current", "device", "main", "run",
+           "shutdown", "start"]
+
+
+def load_ipython_extension(ip):
+    """``%load_ext labsupport``: the %%ranks magic (also registered on import in IPython)."""
+    from labsupport import magic
+    magic.load_ipython_extension(ip)
+
+
+def _setup_kernel():
+    if "IPython" not in sys.modules:
+        return
+    from IPython import get_ipython
+    ip = get_ipython()
+    if ip is None:
+        return
+    load_ipython_extension(ip)
+    if "ipykernel" in sys.modules:
+        from labsupport import plots
+        plots.use_book_renderer()
+
+
+_setup_kernel()

@@ -1,0 +1,82 @@
+"""Where the ranks run: backend, one device per rank, CPU threads per rank.
+
+``backend="auto"`` takes NCCL with one GPU per rank when there are enough
+visible GPUs (``CUDA_VISIBLE_DEVICES`` is respected), else gloo on the CPU.
+CPU ranks split the cores between them, so 4 ranks on 2 cores do not fight
+over 8 threads.
+"""
+import os
+from dataclasses import dataclass
+
+BACKENDS = ("auto", "gloo", "nccl")
+MAX_RANKS_PER_CORE = 8  # more ranks than this per core is a typo, not a lesson
+
+
+@dataclass(frozen=True)
+class Placement:
+    world_size: int
+    backend: str            # "gloo" or "nccl"
+    devices: tuple          # one device string per rank: "cpu" or "cuda:i"
+    threads: int            # torch intra-op threads per rank
+    notice: str | None      # one line for the user, or None
+
+
+def cpu_count() -> int:
+    """Cores this process may use (its affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def max_world_size() -> int:
+    """The largest group allowed here; LABSUPPORT_MAX_WORLD_SIZE overrides."""
+    override = os.environ.get("LABSUPPORT_MAX_WORLD_SIZE")
+    return int(override) if override else max(16, MAX_RANKS_PER_CORE * cpu_count())
+
+
+def check_world_size(world_size) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int (the number of ranks), got {world_size!r}")
+    limit = max_world_size()
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if world_size > limit:
+        raise ValueError(
+            f"world_size={world_size} is more than this machine can run sensibly "
+            f"(limit {limit} for {cpu_count()} cores): each rank is a process with its own "
+            "copy of torch. Use fewer ranks, or set LABSUPPORT_MAX_WORLD_SIZE to raise the limit.")
+    return world_size
+
+
+def visible_gpus() -> int:
+    try:
+        import torch
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken driver counts as no GPU; gloo still works
+        return 0
+
+
+def place(world_size, backend="auto", threads=None) -> Placement:
+    """Validate the request and decide backend, devices and threads."""
+    world_size = check_world_size(world_size)
+    if not isinstance(backend, str) or backend.lower() not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(map(repr, BACKENDS))}")
+    backend, gpus, notice = backend.lower(), visible_gpus(), None
+    if backend == "nccl" and world_size > gpus:
+        fix = f"use world_size<={gpus}, or " if gpus else ""
+        raise ValueError(
+            f"backend='nccl' needs one GPU per rank: world_size={world_size} but {gpus} GPU(s) "
+            f"visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): "
+            f"{fix}use backend='gloo' to run the ranks on the CPU.")
+    if backend == "auto":
+        backend = "nccl" if 0 < world_size <= gpus else "gloo"
+        if backend == "gloo":
+            why = f"only {gpus} GPU(s) visible" if gpus else "no CUDA GPU visible"
+            notice = f"labsupport: {world_size} ranks on gloo (CPU): {why}"
+    devices = tuple(f"cuda:{r}" if backend == "nccl" else "cpu" for r in range(world_size))
+    if threads is None:
+        threads = max(1, cpu_count() // world_size)
+    elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int (torch threads per rank), got {threads!r}")
+    return Placement(world_size, backend, devices, threads, notice)

@@ -1,0 +1,54 @@
+"""The same worker functions outside the notebook: under torchrun, on one node or many.
+
+    # train.py
+    import labsupport as ls
+    def train(steps):
+        model = ...to(ls.device())
+        ...
+    if __name__ == "__main__":
+        ls.main(train, steps=100)
+
+    torchrun --standalone --nproc-per-node=4 train.py                    # one machine
+    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \\
+             --rdzv-endpoint=$HEAD_NODE:29500 train.py                   # two (e.g. under srun)
+
+In the notebook, ``ls.run(train, 100, world_size=4)`` runs the very same function.
+"""
+import os
+
+import torch
+import torch.distributed as dist
+
+from labsupport import _rank
+
+
+def device() -> torch.device:
+    """This rank's device: its GPU under NCCL, else the CPU (also in the kernel itself)."""
+    if _rank.STATE:
+        return _rank.STATE["device"]
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def main(fn, *args, backend: str = "auto", **kwargs):
+    """Call ``fn(*args, **kwargs)`` as this process's rank, as launched by torchrun.
+
+    The process group comes from torchrun's environment (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT); an existing one (in a labsupport rank) is used as is.
+    """
+    created = not dist.is_initialized()
+    if created:
+        if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
+            raise RuntimeError("ls.main() expects to be started by torchrun, e.g. "
+                               "`torchrun --standalone --nproc-per-node=2 script.py`")
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]) else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group(backend)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        if created:
+            dist.destroy_process_group()

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Create or refresh the project's virtual environment (.venv) from requirements.txt.
+# Idempotent: a stamp holding the hash of the inputs makes a second run a no-op.
+# Usage: scripts/setup_env.sh        (called by `make book` and `make test`)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=.venv
+PYTHON=${PYTHON:-python3}
+STAMP=$VENV/.requirements.sha256
+want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+    exit 0
+fi
+
+"$PYTHON" - <<'PY'
+import sys
+if sys.version_info < (3, 10):
+    sys.exit(f"Python >= 3.10 is needed (found {sys.version.split()[0]}); set PYTHON=python3.11")
+PY
+
+echo "setup: creating/refreshing $VENV from requirements.txt"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+pip_install() {
+    # Some machines list partial local mirrors in pip.conf; their misses are noise,
+    # so they are filtered from stderr (pip's own exit status still counts).
+    "$VENV/bin/python" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither" >&2)
+}
+pip_install -r requirements.txt
+"$VENV/bin/python" -m pip check
+pip_install --no-deps --no-build-isolation -e .
+"$VENV/bin/python" -c "import torch, labsupport, plotly, nbval, papermill, nbgrader" \
+    || { echo "setup: the environment is incomplete (see errors above)"; exit 1; }
+# A kernel spec inside the venv, so notebooks run with this interpreter.
+"$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (course)" >/dev/null
+echo "$want" > "$STAMP"
+echo "setup: $VENV ready ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
