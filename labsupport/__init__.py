@@ -10,7 +10,8 @@ the book's offline plotly renderer.
 import sys
 
 from labsupport.errors import RankError, RankTimeout
-from labsupport.launcher import Cluster, current, run, shutdown, start
+from labsupport.cluster import Cluster
+from labsupport.launcher import current, run, shutdown, start
 from labsupport.script import device, main
 
 __all__ = ["Cluster", "RankError", "RankTimeout", "current", "device", "main", "run",

@@ -62,7 +62,8 @@ def place(world_size, backend="auto", threads=None) -> Placement:
     world_size = check_world_size(world_size)
     if not isinstance(backend, str) or backend.lower() not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(map(repr, BACKENDS))}")
-    backend, gpus, notice = backend.lower(), visible_gpus(), None
+    backend, notice = backend.lower(), None
+    gpus = 0 if backend == "gloo" else visible_gpus()  # gloo needs no torch in the kernel
     if backend == "nccl" and world_size > gpus:
         fix = f"use world_size<={gpus}, or " if gpus else ""
         raise ValueError(

@@ -14,6 +14,7 @@ import os
 import pickle
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -55,6 +56,28 @@ class ProcessServer:
             except OSError as exc:
                 raise self._failure(f"cannot reach it ({exc})") from None
             return self._receive(None, timeout)
+
+    def exit_status(self, pid: int, wait_s: float = 1.0):
+        """The wait status of a rank that closed its connection (it may still be exiting)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            status = self.request("status", [pid])[1].get(pid)
+            if status is not None or time.monotonic() > deadline:
+                return status
+            time.sleep(0.02)
+
+    def dump_stacks(self, stack_paths: dict, wait_s: float = 1.0) -> dict:
+        """{pid: faulthandler's dump of every thread} for ranks given as {pid: stack file}."""
+        self.request("signal", list(stack_paths), signal.SIGUSR1)
+        # faulthandler writes from the signal handler; a size that stopped growing is complete
+        deadline, sizes = time.monotonic() + wait_s, {}
+        while time.monotonic() < deadline:
+            time.sleep(0.03)
+            new = {pid: os.path.getsize(path) for pid, path in stack_paths.items()}
+            if all(new.values()) and new == sizes:
+                break
+            sizes = new
+        return {pid: _read(path) for pid, path in stack_paths.items()}
 
     def _receive(self, kind, timeout):
         deadline = time.monotonic() + timeout
@@ -98,6 +121,14 @@ class ProcessServer:
                 self.proc.wait()
         self.ctrl.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _read(path) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 _server: ProcessServer | None = None

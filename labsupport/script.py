@@ -16,14 +16,14 @@ In the notebook, ``ls.run(train, 100, world_size=4)`` runs the very same functio
 """
 import os
 
-import torch
-import torch.distributed as dist
-
 from labsupport import _rank
 
 
-def device() -> torch.device:
+def device():
     """This rank's device: its GPU under NCCL, else the CPU (also in the kernel itself)."""
+    import torch
+    import torch.distributed as dist
+
     if _rank.STATE:
         return _rank.STATE["device"]
     if dist.is_initialized() and dist.get_backend() == "nccl":
@@ -37,6 +37,9 @@ def main(fn, *args, backend: str = "auto", **kwargs):
     The process group comes from torchrun's environment (RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT); an existing one (in a labsupport rank) is used as is.
     """
+    import torch
+    import torch.distributed as dist
+
     created = not dist.is_initialized()
     if created:
         if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:

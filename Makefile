@@ -1,0 +1,39 @@
+# The two commands of the README, and their parts. Every step is idempotent
+# and skips its work when its inputs did not change, so a second run is fast.
+#   make book    environment, assets, then the book (executing every notebook)
+#   make test    environment, assets, chromium, then every test
+.DEFAULT_GOAL := book
+.PHONY: book test env assets chromium clean distclean
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# -W: warnings are errors; -n: nit-picky about broken references;
+# --keep-going: list every warning before failing, not just the first.
+JB_FLAGS := -W -n --keep-going
+HTML   := _build/html
+
+book: env assets
+	$(VENV)/bin/jupyter-book build . $(JB_FLAGS)
+	@echo "book: open file://$(CURDIR)/$(HTML)/index.html"
+
+test: env assets chromium
+	$(PY) -m pytest
+
+env:
+	scripts/setup_env.sh
+
+# Third-party JS (plotly.js, MathJax, require.js, the widget embedder) into
+# assets/vendor/ at pinned versions; never committed. npm fetches the tarballs.
+assets: env
+	scripts/apt_ensure.sh npm npm
+	$(PY) scripts/fetch_assets.py
+
+chromium:
+	scripts/ensure_chromium.sh
+
+# Build outputs and fetched assets; keeps .venv and the npm download cache.
+clean:
+	rm -rf _build assets/vendor assets/vendor.tmp .pytest_cache
+
+distclean: clean
+	rm -rf $(VENV) .cache

@@ -1,0 +1,1 @@
+"""Measurement helpers and benchmark scripts (``python -m labsupport.bench``)."""

@@ -1,0 +1,23 @@
+"""Benchmarks that print numbers and ratios (speed targets live here, not in tests).
+
+    python -m labsupport.bench launcher       # the launcher vs bare torch.multiprocessing
+    python -m labsupport.bench <name> --help
+"""
+import importlib
+import sys
+
+BENCHMARKS = {
+    "launcher": "labsupport.bench.launcher",
+}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in BENCHMARKS:
+        names = ", ".join(sorted(BENCHMARKS))
+        sys.exit(f"usage: python -m labsupport.bench {{{names}}} [options]")
+    importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()

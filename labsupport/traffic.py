@@ -1,0 +1,137 @@
+"""Count the bytes a rank sends and receives while a block of code runs.
+
+    with ls.traffic.count() as traffic:
+        dist.all_reduce(t)
+    traffic.wire_sent, traffic.wire_received       # bytes on this rank's TCP connections
+    traffic.sent, traffic.received                 # payload of send/recv/isend/irecv calls
+
+Two levels, because they answer different questions:
+
+- **wire**: what really crossed this rank's TCP connections (gloo's, and a
+  TCPStore's under torchrun), read from the kernel's per-socket counters
+  (``TCP_INFO``: bytes acknowledged by the peer, bytes received). This is the
+  count to set beside a formula for a *collective*, whose internal algorithm
+  the caller does not see. It includes gloo's small per-message headers.
+  NCCL traffic over NVLink or shared memory is not on a TCP socket: on GPUs
+  the wire count is only the socket part.
+- **payload**: the tensor bytes of the point-to-point calls made in the block
+  (``send``, ``recv``, ``isend``, ``irecv``, ``batch_isend_irecv``), exact,
+  counted where torch.distributed is called through its module
+  (``dist.send(...)``). This is what a hand-written ring sends.
+"""
+import contextlib
+import os
+import socket
+import struct
+import threading
+import time
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+# Offsets of tcpi_bytes_acked and tcpi_bytes_received in Linux's struct tcp_info
+# (include/uapi/linux/tcp.h, Linux >= 4.2): 8 one-byte fields, 24 u32s, 2 u64s.
+_TCP_INFO_BYTES_ACKED = 120
+_TCP_INFO_SIZE = 256
+_P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+
+
+class Traffic:
+    """Byte counts of one ``count()`` block; filled in when the block ends."""
+
+    def __init__(self):
+        self.sent = 0            # payload bytes of send/isend (and batched isend)
+        self.received = 0        # payload bytes of recv/irecv (and batched irecv)
+        self.wire_sent = 0       # TCP bytes sent and acknowledged during the block
+        self.wire_received = 0   # TCP bytes received during the block
+        self.calls = {}          # point-to-point call name -> number of calls
+
+    def __repr__(self):
+        return (f"Traffic(sent={self.sent}, received={self.received}, "
+                f"wire_sent={self.wire_sent}, wire_received={self.wire_received})")
+
+
+def tcp_totals() -> tuple[int, int]:
+    """(bytes acknowledged, bytes received) summed over this process's TCP sockets."""
+    sent = received = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:  # closed meanwhile, or not a socket after all
+            continue
+        with sock:
+            if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+            acked, got = struct.unpack_from("QQ", info, _TCP_INFO_BYTES_ACKED)
+            sent, received = sent + acked, received + got
+    return sent, received
+
+
+@contextlib.contextmanager
+def count(settle: float = 0.02):
+    """Count this rank's traffic during the block (see the module docstring).
+
+    The wire count is read after the block with a short ``settle`` pause, so
+    the peers' acknowledgements of the last bytes sent have arrived.
+    """
+    traffic = Traffic()
+    wire_before = tcp_totals()
+    with _counting_p2p(traffic):
+        yield traffic
+    time.sleep(settle)
+    wire_after = tcp_totals()
+    traffic.wire_sent = wire_after[0] - wire_before[0]
+    traffic.wire_received = wire_after[1] - wire_before[1]
+
+
+_active = threading.local()  # inside a counted call: its inner calls are not counted again
+
+
+@contextlib.contextmanager
+def _counting_p2p(traffic: Traffic):
+    originals = {name: getattr(c10d, name) for name in _P2P}
+    wrapped = {name: _wrap(name, fn, traffic) for name, fn in originals.items()}
+    for module in (c10d, dist):
+        for name, fn in wrapped.items():
+            setattr(module, name, fn)
+    try:
+        yield
+    finally:
+        for module in (c10d, dist):
+            for name, fn in originals.items():
+                setattr(module, name, fn)
+
+
+def _wrap(name, fn, traffic: Traffic):
+    def counted(*args, **kwargs):
+        if getattr(_active, "depth", 0) == 0:
+            _record(name, args, kwargs, traffic)
+        _active.depth = getattr(_active, "depth", 0) + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _active.depth -= 1
+    counted.__wrapped__ = fn
+    counted.__name__ = counted.__qualname__ = fn.__name__
+    return counted
+
+
+def _record(name, args, kwargs, traffic: Traffic):
+    traffic.calls[name] = traffic.calls.get(name, 0) + 1
+    if name == "batch_isend_irecv":
+        ops = args[0] if args else kwargs["p2p_op_list"]
+        for op in ops:
+            _add(traffic, getattr(op.op, "__name__", ""), op.tensor)
+    else:
+        _add(traffic, name, args[0] if args else kwargs["tensor"])
+
+
+def _add(traffic: Traffic, name: str, tensor):
+    nbytes = tensor.numel() * tensor.element_size()
+    if name in ("send", "isend"):
+        traffic.sent += nbytes
+    elif name in ("recv", "irecv"):
+        traffic.received += nbytes

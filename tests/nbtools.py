@@ -1,0 +1,65 @@
+"""Helpers for the notebook tests: papermill with small parameters, nbval in a child pytest.
+
+Each chapter declares its small parameters in its notebook metadata:
+    "metadata": {"labsupport": {"small_parameters": {"WORLD_SIZE": 2, ...}}}
+"""
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import nbformat
+import papermill
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = ROOT / "notebooks"
+SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
+
+
+def chapter_notebooks() -> list[Path]:
+    """Every chapter notebook (assignments have their own grading tests)."""
+    return sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+
+
+def small_parameters(path: Path) -> dict:
+    nb = nbformat.read(path, as_version=4)
+    return nb.metadata.get("labsupport", {}).get("small_parameters", {})
+
+
+def run_papermill(path: Path, out_dir: Path, parameters: dict):
+    """Execute a copy of the notebook with parameters; return the executed notebook."""
+    out = out_dir / path.name
+    papermill.execute_notebook(str(path), str(out), parameters=parameters, kernel_name="python3",
+                               cwd=str(path.parent), progress_bar=False)
+    return nbformat.read(out, as_version=4)
+
+
+def error_outputs(nb) -> list:
+    """Errors of cells that are not tagged raises-exception."""
+    return [o for c in nb.cells if c.cell_type == "code"
+            and "raises-exception" not in c.metadata.get("tags", [])
+            for o in c.get("outputs", []) if o.output_type == "error"]
+
+
+def run_nbval(paths, junit: Path) -> int:
+    """nbval in a child pytest, as a user would run it; returns its exit code."""
+    cmd = [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"),
+           "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
+           "--nbval-sanitize-with", str(SANITIZE), f"--junitxml={junit}",
+           "-o", "junit_family=xunit1",  # xunit1 records each case's file
+           *map(str, paths)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    print(proc.stdout[-6000:], proc.stderr[-3000:])
+    return proc.returncode
+
+
+def failures_by_file(junit: Path) -> dict:
+    """{notebook file name: [names of failed cells]} from a junit report."""
+    failed = {}
+    for case in ET.parse(junit).iter("testcase"):
+        file = Path(case.get("file") or case.get("classname")).name
+        bad = case.find("failure") is not None or case.find("error") is not None
+        failed.setdefault(file, [])
+        if bad:
+            failed[file].append(case.get("name"))
+    return failed

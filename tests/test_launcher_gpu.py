@@ -1,0 +1,45 @@
+"""NCCL on GPUs: one GPU per rank, and ranks work after the kernel itself used CUDA.
+
+Run: .venv/bin/python -m pytest tests/test_launcher_gpu.py  (skips, saying why, without CUDA GPUs)
+"""
+import pytest
+import torch
+
+import labsupport as ls
+from labsupport import backend
+
+GPUS = backend.visible_gpus()
+needs_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 CUDA GPUs, {GPUS} visible: the NCCL "
+                                "path is checked only on GPU machines (CI has none)")
+
+
+@needs_gpus
+def test_auto_picks_nccl_with_one_gpu_per_rank_even_after_cuda_was_used_here():
+    torch.ones(1, device="cuda")  # the kernel initialises CUDA first (fork-based launchers break)
+    with ls.start(world_size=2) as cluster:
+        assert cluster.backend == "nccl"
+
+        def where():
+            import torch.distributed as dist
+            t = torch.ones(4, device=ls.device()) * (dist.get_rank() + 1)
+            dist.all_reduce(t)
+            return str(ls.device()), torch.cuda.current_device(), t
+
+        results = cluster.run(where)
+    assert [r[:2] for r in results] == [("cuda:0", 0), ("cuda:1", 1)]
+    assert all(r[2].device.type == "cpu" and r[2].tolist() == [3.0] * 4 for r in results)
+
+
+@needs_gpus
+def test_more_ranks_than_gpus_falls_back_to_gloo_with_a_notice(capsys):
+    with ls.start(world_size=GPUS + 1) as cluster:
+        assert cluster.backend == "gloo"
+    assert f"only {GPUS} GPU(s) visible" in capsys.readouterr().out
+
+
+def test_auto_without_enough_gpus_is_gloo_on_cpu_with_a_one_line_notice(capsys):
+    with ls.start(world_size=GPUS + 1) as cluster:
+        assert cluster.backend == "gloo"
+        assert cluster.run(lambda: str(ls.device())) == ["cpu"] * (GPUS + 1)
+    notice = capsys.readouterr().out.strip().splitlines()
+    assert len(notice) == 1 and notice[0].startswith(f"labsupport: {GPUS + 1} ranks on gloo (CPU)")
