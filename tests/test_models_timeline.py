@@ -1,0 +1,112 @@
+"""Unit tests of the shared models, toy data and timeline recorder.
+
+Run: .venv/bin/python -m pytest tests/test_models_timeline.py
+"""
+import pytest
+import torch
+
+from labsupport import models, timeline
+
+
+def test_models_are_identical_for_a_seed_and_leave_the_global_rng_alone():
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    a, b = models.DeepMLP(seed=7), models.DeepMLP(seed=7)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+    c = models.DeepMLP(seed=8)
+    assert not torch.equal(next(a.parameters()), next(c.parameters()))
+
+
+def test_stages_share_parameters_and_compose_to_the_model():
+    model = models.DeepMLP(d_in=4, width=8, depth=5, d_out=2)
+    x = torch.randn(3, 4)
+    for p in (1, 2, 3, 6):
+        stages = model.stages(p)
+        assert len(stages) == p
+        y = x
+        for stage in stages:
+            y = stage(y)
+        torch.testing.assert_close(y, model(x), rtol=0, atol=0)
+        assert sum(len(list(s.parameters())) for s in stages) == len(list(model.parameters()))
+    with pytest.raises(ValueError, match="cannot split 6 blocks into 7 stages"):
+        model.stages(7)
+
+
+def test_transformer_block_is_causal_and_checks_its_sizes():
+    block = models.TinyTransformerBlock(hidden=16, heads=4, ffn=32)
+    x = torch.randn(2, 5, 16)
+    y = block(x)
+    x2 = x.clone()
+    x2[:, -1] += 1.0  # changing the last position must not change earlier outputs
+    torch.testing.assert_close(block(x2)[:, :-1], y[:, :-1])
+    with pytest.raises(ValueError, match="divisible by heads"):
+        models.TinyTransformerBlock(hidden=10, heads=4)
+
+
+def test_toy_data_and_shards():
+    x, y = models.toy_regression(n_samples=8, d_in=3, d_out=2, seed=1)
+    x2, _ = models.toy_regression(n_samples=8, d_in=3, d_out=2, seed=1)
+    assert x.shape == (8, 3) and y.shape == (8, 2) and torch.equal(x, x2)
+    shards = [models.shard(x, r, 4) for r in range(4)]
+    assert torch.equal(torch.cat(shards), x)
+    with pytest.raises(ValueError, match="do not split evenly over 3 ranks"):
+        models.shard(x, 0, 3)
+
+
+def hand_made_gpipe(p=4, m=4, f=1.0, b=2.0):
+    """The ideal GPipe schedule: forwards then backwards, one stage per rank."""
+    events = []
+    for r in range(p):
+        tl = timeline.Timeline(rank=r)
+        for i in range(m):
+            tl.record("compute", "F", (r + i) * f, (r + i + 1) * f, mb=i)
+        start_b = (m + p - 1) * f
+        for i in range(m):
+            begin = start_b + (p - 1 - r + i) * b
+            tl.record("compute", "B", begin, begin + b, mb=i)
+        events.append(tl.events)
+    return timeline.merge(events)
+
+
+def test_bubble_of_a_hand_made_gpipe_timeline_matches_the_formula():
+    p, m = 4, 4
+    result = timeline.bubble(hand_made_gpipe(p, m))
+    assert result["fraction"] == pytest.approx((p - 1) / (m + p - 1))
+    assert result["ratio"] == pytest.approx((p - 1) / m)
+    assert result["window"] == pytest.approx((m + p - 1) * 3.0)
+
+
+def test_overlapping_spans_count_once_and_bad_events_are_refused():
+    tl = timeline.Timeline(rank=0)
+    tl.record("compute", "a", 0.0, 2.0)
+    tl.record("compute", "b", 1.0, 3.0)
+    tl.record("comm", "c", 0.0, 10.0)
+    assert timeline.busy_time(tl.events, 0) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="unknown lane"):
+        tl.record("gpu", "x", 0, 1)
+    with pytest.raises(ValueError, match="ends .* before it starts"):
+        tl.record("compute", "x", 2, 1)
+    with pytest.raises(ValueError, match="no events"):
+        timeline.bubble([])
+
+
+def test_spans_and_gantt_from_real_ranks():
+    import labsupport as ls
+
+    def record():
+        import time
+        import torch.distributed as dist
+        tl = timeline.Timeline()
+        time.sleep(0.01 * dist.get_rank())
+        with tl.span("compute", "work", mb=dist.get_rank()):
+            time.sleep(0.02)
+        return tl.events
+
+    events = timeline.merge(ls.run(record, world_size=2))
+    assert [e["rank"] for e in events] == [0, 1] and min(e["start"] for e in events) == 0.0
+    assert events[1]["start"] >= 0.005  # rank 1 started later, on the same clock
+    fig = timeline.gantt(events, title="two ranks", label=lambda e: e["mb"])
+    assert len(fig.data) == 2 and fig.layout.title.text == "two ranks"
+    ls.shutdown()
