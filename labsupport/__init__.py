@@ -17,6 +17,18 @@ from labsupport.script import device, main
 __all__ = ["Cluster", "RankError", "RankTimeout", "current", "device", "main", "run",
            "shutdown", "start"]
 
+# Submodules a chapter reaches as ``ls.<name>``, imported on first use so that
+# ``import labsupport`` stays light (it does not import torch by itself).
+_SUBMODULES = {"bench", "ddp", "diagrams", "grading", "models", "pipeline", "plots", "ring",
+               "timeline", "traffic"}
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        import importlib
+        return importlib.import_module(f"labsupport.{name}")
+    raise AttributeError(f"module 'labsupport' has no attribute {name!r}")
+
 
 def load_ipython_extension(ip):
     """``%load_ext labsupport``: the %%ranks magic (also registered on import in IPython)."""
