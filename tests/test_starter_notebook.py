@@ -6,9 +6,8 @@ parameter override, and nbval against the outputs stored in the repository,
 timings masked by tests/nbval_sanitize.cfg and nothing else.
 """
 import nbformat
-import papermill
 import pytest
-from nbtools import NOTEBOOK_DIR, failures_by_file, run_nbval
+from nbtools import NOTEBOOK_DIR, error_outputs, failures_by_file, run_nbval, run_papermill
 
 NOTEBOOK = NOTEBOOK_DIR / "00_how_this_book_runs.ipynb"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -40,18 +39,13 @@ def test_stored_outputs_use_the_default_parameters():
 
 
 def test_papermill_runs_with_small_parameters(tmp_path):
-    out = tmp_path / NOTEBOOK.name
-    papermill.execute_notebook(
-        str(NOTEBOOK), str(out), parameters=SMALL, kernel_name="python3",
-        cwd=str(NOTEBOOK.parent), progress_bar=False)
-    nb = nbformat.read(out, as_version=4)
+    nb = run_papermill(NOTEBOOK, tmp_path, SMALL)
     injected = [c for c in nb.cells
                 if "injected-parameters" in c.metadata.get("tags", [])]
     assert len(injected) == 1 and "N_POINTS = 10" in injected[0].source
     assert trace_lengths(nb) == [10, 10], "the override did not reach the figure"
     assert len(outputs_with(nb, WIDGET_MIME)) == 1
-    assert not [o for c in nb.cells if c.cell_type == "code"
-                for o in c.outputs if o.output_type == "error"]
+    assert error_outputs(nb) == []
 
 
 def tampered_copy(tmp_path):
