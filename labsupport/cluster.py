@@ -7,6 +7,7 @@ one ``RankError`` that names the ranks and shows their tracebacks (or, for a
 stuck rank, where it was). Ranks that were still running are stopped and a
 fresh group is started in the background, so the next call works.
 """
+import contextlib
 import os
 import pickle
 import socket
@@ -33,6 +34,7 @@ class _Rank:
     conn: Connection
     output: RankOutput
     stack_path: str
+    store_path: str
 
 
 @dataclass
@@ -199,7 +201,8 @@ class Cluster:
                 theirs.close()
         self._ranks = [
             _Rank(rank, pid, Connection(ours.detach()),
-                  RankOutput(rank, spec["out_path"], spec["err_path"]), spec["stack_path"])
+                  RankOutput(rank, spec["out_path"], spec["err_path"]), spec["stack_path"],
+                  spec["store_path"])
             for rank, (pid, (ours, _), spec) in enumerate(zip(pids, pairs, specs))]
         self._ready = False
 
@@ -230,35 +233,31 @@ class Cluster:
             stuck = [r for r in self._ranks if r.rank in outcome.running]
             dumps = procserver.get().dump_stacks({r.pid: r.stack_path for r in stuck})
             outcome.stacks = {r.rank: format_stack_dump(dumps[r.pid]) for r in stuck}
-        ranks = self._ranks or []
-        self._stop_ranks(kill=True)
-        show([r.output for r in ranks])
-        for r in ranks:
-            r.output.remove()
+        self._stop_ranks()
         if not self._closed:
             try:
                 self._spawn()  # in the background: the next call finds it (nearly) ready
             except Exception:
                 self._ranks = None  # the next call retries, with a clear error if it fails
 
-    def _stop_ranks(self, kill=False):
+    def _stop_ranks(self):
+        """Kill this generation's ranks, show what they printed last, remove their files."""
         ranks, self._ranks, self._ready = self._ranks, None, False
         if not ranks:
             return
-        if not kill:
-            for r in ranks:
-                try:
-                    r.conn.send_bytes(pickle.dumps(("exit", None)))
-                except OSError:
-                    pass
-        try:
-            procserver.get().request("kill", [r.pid for r in ranks])
-        except procserver.ProcessServerError:
-            pass  # the server is gone, and its ranks died with it
+        server = procserver.current()
+        if server is not None:  # (without a server, its ranks died with it)
+            try:
+                server.request("kill", [r.pid for r in ranks])
+            except procserver.ProcessServerError:
+                pass
+        show([r.output for r in ranks])
         for r in ranks:
             r.conn.close()
-            if not kill:
-                r.output.remove()
+            r.output.remove()
+            for path in (r.stack_path, r.store_path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
 
     def _check_open(self):
         if self._closed:

@@ -144,6 +144,11 @@ def get() -> ProcessServer:
     return _server
 
 
+def current() -> ProcessServer | None:
+    """This kernel's process server if it is running (never starts one)."""
+    return _server if _server is not None and _server.alive() else None
+
+
 @atexit.register
 def stop():
     global _server

@@ -174,3 +174,13 @@ def _alive(pid):
         return False
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split()[2] != "Z"
+
+
+def test_stopped_groups_leave_no_files_behind():
+    from labsupport import procserver
+    c = ls.start(world_size=2, timeout=2)
+    c.run(print, "some output")
+    with pytest.raises(ls.RankTimeout):  # a stopped generation, replaced in the background
+        c.run(lambda: dist.recv(torch.zeros(1), src=1) if dist.get_rank() == 0 else None)
+    c.shutdown()
+    assert os.listdir(procserver.get().dir) == ["server.log"]
