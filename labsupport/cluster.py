@@ -8,6 +8,7 @@ stuck rank, where it was). Ranks that were still running are stopped and a
 fresh group is started in the background, so the next call works.
 """
 import contextlib
+import itertools
 import os
 import pickle
 import socket
@@ -24,6 +25,7 @@ from labsupport.errors import RankError, build_error, format_stack_dump, needs_f
 from labsupport.output import RankOutput, show
 
 DEFAULT_TIMEOUT = 120.0   # seconds per run; generous, a deadline is for hangs
+_numbers = itertools.count(1)
 GRACE = 0.5               # after one rank fails, how long to wait for the others' errors
 
 
@@ -53,6 +55,7 @@ class Cluster:
         self.world_size = placement.world_size
         self.backend = placement.backend
         self.timeout = check_timeout(timeout)
+        self._number = next(_numbers)  # unique in this kernel: names its files
         self._generation = 0
         self._ranks: list[_Rank] | None = None
         self._ready = False
@@ -207,7 +210,7 @@ class Cluster:
         self._ready = False
 
     def _spec(self, directory, rank) -> dict:
-        prefix = os.path.join(directory, f"{id(self):x}-g{self._generation}")
+        prefix = os.path.join(directory, f"c{self._number}-g{self._generation}")
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
                    WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.world_size),
                    OMP_NUM_THREADS=str(self.placement.threads))
