@@ -1,0 +1,69 @@
+"""Explain a deadlock: what each stopped rank waited for, from its ``p2p_log`` record.
+
+    print(deadlock.explain({rank: p2p_log.read(path) ...}, stuck_ranks, time.time()))
+      rank 1 waited 20 s for rank 0's chunk 2 (dist.irecv); rank 0 had already
+      returned without sending it.
+
+The launcher stops ranks that miss their deadline and reports where each one
+was in its Python code; this says which message it was waiting for and what
+the rank that should have sent it was doing, which is what a student needs to
+find a missing or misordered send.
+"""
+from labsupport import p2p_log
+
+
+def explain(logs: dict, stuck: list, now: float) -> str:
+    """One line per stopped rank: what it waited for, and what its peer was doing."""
+    states = {rank: p2p_log.rank_state(events) for rank, events in logs.items()}
+    lines = [_describe_rank(rank, states, set(stuck), now) for rank in stuck]
+    return "  " + "\n  ".join(lines) + _deadlock_hint(states, stuck)
+
+
+def _describe_rank(rank, states, stuck, now) -> str:
+    st = states[rank]
+    never = f" It never waited for its {'; '.join(st['unwaited'])}." if st["unwaited"] else ""
+    if st["state"] == "returned":
+        return f"rank {rank} had returned from the function; the others had not.{never}"
+    if st["state"] == "running":
+        return (f"rank {rank} was not waiting for any message: it was still running Python "
+                "code (an endless loop?).")
+    call, waited = st["call"], now - st["since"]
+    op, peer, what = call["op"], call["peer"], call["what"]
+    if op in p2p_log.COLLECTIVES:
+        return f"rank {rank} waited {waited:.0f} s in dist.{op}, which every rank must call."
+    if "recv" in op:
+        source = "any rank" if peer is None else f"rank {peer}"
+        whose = f"{source}'s {what}" if what.startswith("chunk") else f"{what} from {source}"
+        head = f"rank {rank} waited {waited:.0f} s for {whose} (dist.{op})"
+    else:
+        head = (f"rank {rank} waited {waited:.0f} s in dist.{op} of its {what} to rank {peer}, "
+                "which had not posted the matching receive")
+    return head + _peer_state(peer, states, stuck, op) + "." + never
+
+
+def _peer_state(peer, states, stuck, op) -> str:
+    if peer not in states:
+        return ""
+    st = states[peer]
+    if peer not in stuck or st["state"] == "returned":
+        never = f" without waiting for its {'; '.join(st['unwaited'])}" if st["unwaited"] \
+            else " without sending it" if "recv" in op else ""
+        return f"; rank {peer} had already returned{never}"
+    if st["state"] == "running":
+        return f"; rank {peer} was busy running Python code"
+    call = st["call"]
+    direction = "to" if "send" in call["op"] else "from"
+    target = "" if call["peer"] is None else f" {direction} rank {call['peer']}"
+    return f"; rank {peer} was itself blocked in dist.{call['op']}{target}"
+
+
+def _deadlock_hint(states, stuck) -> str:
+    if any(st["unwaited"] for st in states.values()):
+        return ("\nA request nobody waits for may be dropped before its message arrives: keep "
+                "what dist.isend/dist.irecv return and call .wait() on it.")
+    ops = [states[r]["call"]["op"] if states[r]["call"] else None for r in stuck]
+    if len(ops) > 1 and all(op in ("send", "isend") for op in ops):
+        return ("\nEvery stuck rank was sending, so none reached its receive: a send waits "
+                "until the receiver has posted the matching receive. Post the send and the "
+                "receive of a step together (dist.isend and dist.irecv), then wait for both.")
+    return ""

@@ -1,0 +1,26 @@
+# nbgrader configuration of the course's graded assignments (nbgrader==0.9.6).
+# nbgrader reads this file from the directory it is run in: run every
+# `nbgrader ...` command from the repository root (book/instructors.md says how).
+#
+# The course directory (nbgrader's CourseDirectory.root) is notebooks/assignments/:
+#   source/<assignment>/<assignment>.ipynb    instructor versions, committed
+#   release/, submitted/, autograded/, feedback/, gradebook.db
+#                                             generated; ignored by git there
+# A JupyterHub course whose files live elsewhere overrides the root on the
+# command line (--CourseDirectory.root=/path) or in ~/.jupyter/nbgrader_config.py.
+import os
+
+c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
+
+c.CourseDirectory.root = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                      "notebooks", "assignments")
+# The name students see in `nbgrader list`; the exchange (release/collect on a
+# JupyterHub) is keyed by it. Change it per course offering.
+c.CourseDirectory.course_id = "distributed-training"
+
+# Each graded cell runs the student's code on several ranks with its own
+# deadline (labsupport.grading.TIMEOUT, 20 s unless $LABSUPPORT_GRADING_TIMEOUT
+# says otherwise), so a deadlock fails that cell on its own. nbgrader's limit per
+# cell (default 30 s) must stay above that deadline plus starting the ranks on a
+# busy machine; past it nbgrader interrupts the kernel and the cell scores zero.
+c.Execute.timeout = 120
