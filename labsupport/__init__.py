@@ -31,9 +31,9 @@ def __getattr__(name):
 
 
 def load_ipython_extension(ip):
-    """``%load_ext labsupport``: the %%ranks magic (also registered on import in IPython)."""
-    from labsupport import magic
-    magic.load_ipython_extension(ip)
+    """``%load_ext labsupport``: the %%ranks magic and the rest of labsupport.ipython."""
+    from labsupport import ipython
+    ipython.setup(ip)
 
 
 def _setup_kernel():
@@ -41,12 +41,8 @@ def _setup_kernel():
         return
     from IPython import get_ipython
     ip = get_ipython()
-    if ip is None:
-        return
-    load_ipython_extension(ip)
-    if "ipykernel" in sys.modules:
-        from labsupport import plots
-        plots.use_book_renderer()
+    if ip is not None:
+        load_ipython_extension(ip)
 
 
 _setup_kernel()

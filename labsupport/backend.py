@@ -74,7 +74,7 @@ def place(world_size, backend="auto", threads=None) -> Placement:
         backend = "nccl" if 0 < world_size <= gpus else "gloo"
         if backend == "gloo":
             why = f"only {gpus} GPU(s) visible" if gpus else "no CUDA GPU visible"
-            notice = f"labsupport: {world_size} ranks on gloo (CPU): {why}"
+            notice = f"labsupport: ranks run on gloo (CPU): {why}"
     devices = tuple(f"cuda:{r}" if backend == "nccl" else "cpu" for r in range(world_size))
     if threads is None:
         threads = max(1, cpu_count() // world_size)

@@ -12,6 +12,7 @@ from labsupport import backend as _backend
 from labsupport.cluster import DEFAULT_TIMEOUT, Cluster, check_timeout
 
 _current: Cluster | None = None
+_notices_shown: set = set()
 
 
 def start(world_size: int = 2, backend: str = "auto", *, timeout: float = DEFAULT_TIMEOUT,
@@ -28,8 +29,9 @@ def start(world_size: int = 2, backend: str = "auto", *, timeout: float = DEFAUL
     check_timeout(timeout)
     if _current is not None:
         _current.shutdown()
-    if placement.notice:
-        print(placement.notice)
+    if placement.notice and placement.notice not in _notices_shown:
+        print(placement.notice)  # once per kernel: a chapter may switch sizes often
+        _notices_shown.add(placement.notice)
     _current = Cluster(placement, timeout)
     return _current
 

@@ -47,10 +47,13 @@ def course_template():
                   size=14, color="#222222"),
         paper_bgcolor="white", plot_bgcolor="white",
         xaxis=axis, yaxis=axis,
-        # Legend in a row above the plot: beside it, it would take a third of
-        # the width of a book page.
-        margin=dict(l=60, r=20, t=90, b=50),
-        legend=dict(orientation="h", x=0, xanchor="left", y=1.02,
+        # Title pinned to the top and legend to the bottom of the figure (not
+        # of the plot area): a legend beside the plot would take a third of a
+        # book page's width, and one above it covers the title once it wraps
+        # to a second row; at the bottom, plotly shrinks the plot to fit it.
+        margin=dict(l=60, r=20, t=60, b=40),
+        title=dict(yref="container", y=0.97, yanchor="top"),
+        legend=dict(orientation="h", x=0, xanchor="left", yref="container", y=0.01,
                     yanchor="bottom"),
         hoverlabel=dict(namelength=-1),
     )

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import labsupport as ls
-from labsupport import backend
+from labsupport import backend, launcher
 
 GPUS = backend.visible_gpus()
 needs_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 CUDA GPUs, {GPUS} visible: the NCCL "
@@ -31,15 +31,20 @@ def test_auto_picks_nccl_with_one_gpu_per_rank_even_after_cuda_was_used_here():
 
 
 @needs_gpus
-def test_more_ranks_than_gpus_falls_back_to_gloo_with_a_notice(capsys):
+def test_more_ranks_than_gpus_falls_back_to_gloo_with_a_notice(capsys, monkeypatch):
+    monkeypatch.setattr(launcher, "_notices_shown", set())
     with ls.start(world_size=GPUS + 1) as cluster:
         assert cluster.backend == "gloo"
     assert f"only {GPUS} GPU(s) visible" in capsys.readouterr().out
 
 
-def test_auto_without_enough_gpus_is_gloo_on_cpu_with_a_one_line_notice(capsys):
+def test_auto_without_enough_gpus_is_gloo_on_cpu_with_a_one_line_notice_once(capsys, monkeypatch):
+    monkeypatch.setattr(launcher, "_notices_shown", set())
     with ls.start(world_size=GPUS + 1) as cluster:
         assert cluster.backend == "gloo"
         assert cluster.run(lambda: str(ls.device())) == ["cpu"] * (GPUS + 1)
     notice = capsys.readouterr().out.strip().splitlines()
-    assert len(notice) == 1 and notice[0].startswith(f"labsupport: {GPUS + 1} ranks on gloo (CPU)")
+    assert len(notice) == 1 and notice[0].startswith("labsupport: ranks run on gloo (CPU)")
+    with ls.start(world_size=GPUS + 2):
+        pass
+    assert capsys.readouterr().out == "", "the notice is shown once per kernel"

@@ -141,6 +141,9 @@ def test_a_failing_run_fails_the_cell_for_nbclient_papermill_and_nbval(tmp_path)
     assert "Cell In[2], line 3" in str(info.value)
     error = [o for o in nb.cells[1].outputs if o.output_type == "error"][0]
     assert error.ename == "RankError"
+    shown = "\n".join(error.traceback)
+    assert "cluster.run(broken)" in shown and "labsupport" + os.sep not in shown, \
+        "the notebook's traceback shows the cell, not the launcher's internals"
     assert nb.cells[2].outputs == []
 
 
