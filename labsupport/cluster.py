@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection, wait
 from labsupport import backend as _backend
 from labsupport import procserver
 from labsupport._proc import describe_status
-from labsupport.errors import RankError, build_error, format_stack_dump, needs_fresh_group
+from labsupport.errors import RankError, build_error, format_stack_dump
 from labsupport.output import RankOutput, show
 
 DEFAULT_TIMEOUT = 120.0   # seconds per run; generous, a deadline is for hangs
@@ -150,7 +150,9 @@ class Cluster:
             self._abort(_Outcome())
             sys.stderr.write(f"labsupport: interrupted; stopped all {n} ranks\n")
             raise
-        if outcome.running or needs_fresh_group(outcome.failures, self.world_size):
+        # After any failure the group is replaced: a rank may have sent a message
+        # nobody received, or posted a receive that would swallow the next run's.
+        if outcome.running or outcome.failures:
             self._abort(outcome)
         return outcome
 

@@ -65,19 +65,6 @@ def build_error(failures: dict, running: list, stacks: dict, deadline: str,
     return cls(head + "\n\n" + "\n\n".join(parts), failures, stacks)
 
 
-def needs_fresh_group(failures: dict, world_size: int) -> bool:
-    """Keep the ranks only when every one of them raised the same error at the same place.
-
-    Otherwise some rank may have sent a message that no one received, and the
-    next run would read it: a fresh group is the only safe state.
-    """
-    if not failures:
-        return False
-    if len(failures) < world_size or any("died" in f for f in failures.values()):
-        return True
-    return len({(f["text"], tuple(f["frames"][-1:])) for f in failures.values()}) != 1
-
-
 def _what_happened(failure: dict) -> str:
     if "died" in failure:
         return f"died ({failure['died']})"

@@ -6,8 +6,8 @@
     x                                     # a final expression comes back as a list by rank
 
 Each rank keeps its own namespace between ``%%ranks`` cells until its group
-is restarted (after a failure that could leave the group inconsistent, a
-timeout, an interrupt, or a new ``ls.start``).
+is restarted: after any error on a rank (a half-finished exchange would
+corrupt the next run), a timeout, an interrupt, or a new ``ls.start``.
 """
 import sys
 
