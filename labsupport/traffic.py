@@ -9,7 +9,7 @@ Two levels, because they answer different questions:
 
 - **wire**: what really crossed this rank's TCP connections (gloo's, and a
   TCPStore's under torchrun), read from the kernel's per-socket counters
-  (``TCP_INFO``: bytes acknowledged by the peer, bytes received). This is the
+  (``TCP_INFO``: bytes sent, bytes received). This is the
   count to set beside a formula for a *collective*, whose internal algorithm
   the caller does not see. It includes gloo's small per-message headers.
   NCCL traffic over NVLink or shared memory is not on a TCP socket: on GPUs
@@ -29,9 +29,14 @@ import time
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-# Offsets of tcpi_bytes_acked and tcpi_bytes_received in Linux's struct tcp_info
-# (include/uapi/linux/tcp.h, Linux >= 4.2): 8 one-byte fields, 24 u32s, 2 u64s.
+# Offsets in Linux's struct tcp_info (include/uapi/linux/tcp.h) of
+# tcpi_bytes_acked and tcpi_bytes_received (u64s, Linux >= 4.2) and of
+# tcpi_bytes_sent (u64, Linux >= 4.19). Bytes sent are counted when they leave,
+# so the count does not depend on when the peer's acknowledgements come back;
+# older kernels fall back to bytes acknowledged.
 _TCP_INFO_BYTES_ACKED = 120
+_TCP_INFO_BYTES_RECEIVED = 128
+_TCP_INFO_BYTES_SENT = 200
 _TCP_INFO_SIZE = 256
 _P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 
@@ -42,7 +47,7 @@ class Traffic:
     def __init__(self):
         self.sent = 0            # payload bytes of send/isend (and batched isend)
         self.received = 0        # payload bytes of recv/irecv (and batched irecv)
-        self.wire_sent = 0       # TCP bytes sent and acknowledged during the block
+        self.wire_sent = 0       # TCP bytes sent during the block
         self.wire_received = 0   # TCP bytes received during the block
         self.calls = {}          # point-to-point call name -> number of calls
 
@@ -52,7 +57,7 @@ class Traffic:
 
 
 def tcp_totals() -> tuple[int, int]:
-    """(bytes acknowledged, bytes received) summed over this process's TCP sockets."""
+    """(bytes sent, bytes received) summed over this process's TCP sockets."""
     sent = received = 0
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -65,8 +70,10 @@ def tcp_totals() -> tuple[int, int]:
             if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
                 continue
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
-            acked, got = struct.unpack_from("QQ", info, _TCP_INFO_BYTES_ACKED)
-            sent, received = sent + acked, received + got
+            out_offset = _TCP_INFO_BYTES_SENT if len(info) >= _TCP_INFO_BYTES_SENT + 8 \
+                else _TCP_INFO_BYTES_ACKED
+            sent += struct.unpack_from("Q", info, out_offset)[0]
+            received += struct.unpack_from("Q", info, _TCP_INFO_BYTES_RECEIVED)[0]
     return sent, received
 
 
@@ -75,7 +82,7 @@ def count(settle: float = 0.02):
     """Count this rank's traffic during the block (see the module docstring).
 
     The wire count is read after the block with a short ``settle`` pause, so
-    the peers' acknowledgements of the last bytes sent have arrived.
+    that bytes already on their way (gloo sends from background threads) are in.
     """
     traffic = Traffic()
     wire_before = tcp_totals()
