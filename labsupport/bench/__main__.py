@@ -1,6 +1,10 @@
 """Benchmarks that print numbers and ratios (speed targets live here, not in tests).
 
     python -m labsupport.bench launcher       # the launcher vs bare torch.multiprocessing
+    python -m labsupport.bench collectives    # busbw of every collective over message sizes
+    python -m labsupport.bench ring           # chapter 2's ring all-reduce vs dist.all_reduce
+    python -m labsupport.bench ddp            # chapter 3's data-parallel versions vs DDP
+    python -m labsupport.bench pipeline       # chapter 5's measured bubbles vs the formulas
     python -m labsupport.bench <name> --help
 """
 import importlib
@@ -8,6 +12,10 @@ import sys
 
 BENCHMARKS = {
     "launcher": "labsupport.bench.launcher",
+    "collectives": "labsupport.bench.collectives",
+    "ring": "labsupport.bench.ring",
+    "ddp": "labsupport.bench.ddp",
+    "pipeline": "labsupport.bench.pipeline",
 }
 
 

@@ -1,0 +1,152 @@
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_ring.py
+"""labsupport.ring, the ring all-reduce chapter 2 teaches and later chapters reuse.
+
+Parity through the launcher at world sizes 1, 2, 3 and 4 against
+dist.all_reduce and a single-process sum (sizes that N does not divide,
+sizes below N, many segments), exact payload bytes, the error for bad input,
+and the notebook's copy of the code being the package's, character for
+character.
+"""
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+import torch.distributed as dist
+
+import labsupport as ls
+from labsupport import ring, traffic
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "02_ring_allreduce.ipynb"
+LESSON_TAG = "ring-lesson"
+SIZES = [1, 2, 3, 10, 1001, 65_537, 300_007]
+RINGS = ("ring_allreduce_naive", "ring_allreduce")
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda n: f"world_size={n}")
+def cluster(request):
+    c = ls.start(world_size=request.param, backend="gloo")
+    yield c
+    c.shutdown()
+
+
+def _input(rank, numel, dtype=torch.float32):
+    """Integers in [-8, 8): sums are exact, so every order of additions agrees."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    return torch.randint(-8, 8, (numel,), generator=g).to(dtype)
+
+
+def _parity(sizes, segment_bytes, dtype):
+    failures = []
+    for numel in sizes:
+        x = _input(dist.get_rank(), numel, dtype)
+        want = x.clone()
+        dist.all_reduce(want)
+        got = {"ring_allreduce_naive": ring.ring_allreduce_naive(x.clone()),
+               "ring_allreduce": ring.ring_allreduce(x.clone(), segment_bytes)}
+        failures += [(name, numel) for name, t in got.items() if not torch.equal(t, want)]
+    return failures
+
+
+@pytest.mark.parametrize("segment_bytes", [ring.SEGMENT_BYTES, 4000],
+                         ids=["default segments", "1000-float segments"])
+def test_both_rings_equal_dist_all_reduce_bit_for_bit(cluster, segment_bytes):
+    assert cluster.run(_parity, SIZES, segment_bytes, torch.float32) == \
+        [[]] * cluster.world_size
+
+
+def test_integer_tensors_and_the_single_process_sum(cluster):
+    def run(numel):
+        return ring.ring_allreduce(_input(dist.get_rank(), numel, torch.int64), 40)
+
+    n = cluster.world_size
+    want = sum(_input(r, 999, torch.int64) for r in range(n))
+    for got in cluster.run(run, 999):
+        assert torch.equal(got, want)
+
+
+def test_random_floats_agree_to_rounding_and_shape_is_kept(cluster):
+    def run():
+        torch.manual_seed(dist.get_rank())
+        x = torch.randn(37, 101)
+        want = x.clone()
+        dist.all_reduce(want)
+        got = ring.ring_allreduce(x)
+        assert got is x and got.shape == (37, 101)  # in place
+        torch.testing.assert_close(got, want)
+
+    cluster.run(run)
+
+
+def _payload(numel):
+    counts = {}
+    for name in RINGS:
+        x = torch.ones(numel)
+        with traffic.count(settle=0) as t:
+            getattr(ring, name)(x)
+        counts[name] = (t.sent, t.received)
+    return counts
+
+
+def test_payload_bytes_are_the_formulas(cluster):
+    n, numel = cluster.world_size, 12 * 1001  # divisible by 1, 2, 3 and 4
+    s = 4 * numel
+    for counts in cluster.run(_payload, numel):
+        assert counts["ring_allreduce_naive"] == ((n - 1) * s,) * 2
+        assert counts["ring_allreduce"] == (2 * (n - 1) * s // n,) * 2
+
+
+def test_payload_when_n_does_not_divide_the_size(cluster):
+    n, numel = cluster.world_size, 1001 * 4 + 1
+    sizes = [c.numel() for c in torch.empty(numel).tensor_split(n)]
+    for rank, counts in enumerate(cluster.run(_payload, numel)):
+        # rank r sends every chunk but r+1 (reduce-scatter), every one but r+2
+        # (all-gather): 2S less those two chunks.
+        skipped = sizes[(rank + 1) % n] + sizes[(rank + 2) % n] if n > 1 else 2 * numel
+        assert counts["ring_allreduce"][0] == 4 * (2 * numel - skipped)
+
+
+def test_a_non_contiguous_tensor_is_refused_with_a_hint(cluster):
+    with pytest.raises(ls.RankError, match=r"contiguous.*t\.contiguous\(\)"):
+        cluster.run(lambda: ring.ring_allreduce(torch.ones(4, 6).T))
+
+
+# -- the notebook's copy of the lesson is the package's ---------------------------
+
+def _definitions(source):
+    """{name: its full source lines} of each top-level def or assignment."""
+    lines = source.splitlines()
+    found = {}
+    for node in ast.parse(source).body:
+        name = node.name if isinstance(node, ast.FunctionDef) else node.targets[0].id
+        assert name not in found, f"{name} is defined twice"
+        found[name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
+    return found
+
+
+def _package_lesson():
+    source = Path(ring.__file__).read_text()
+    return _definitions(re.search(r"# --- lesson:.*?\n(.*)# --- end of lesson ---",
+                                  source, re.S).group(1))
+
+
+def _notebook_lesson():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cells = [c.source for c in nb.cells if LESSON_TAG in c.metadata.get("tags", [])]
+    assert cells, f"no cell of {NOTEBOOK.name} is tagged {LESSON_TAG!r}"
+    return _definitions("\n\n".join(cells))
+
+
+def test_the_notebook_shows_every_definition_of_the_package():
+    assert set(_notebook_lesson()) == set(_package_lesson())
+
+
+@pytest.mark.parametrize("name", sorted(_package_lesson()))
+def test_the_notebook_copy_is_identical(name):
+    in_notebook = _notebook_lesson()[name]
+    assert in_notebook == _package_lesson()[name]
+    if callable(getattr(ring, name)):
+        assert in_notebook == inspect.getsource(getattr(ring, name)).rstrip("\n")

@@ -1,0 +1,150 @@
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_traffic.py
+"""The byte counter (labsupport.traffic) at world sizes 2 and 4.
+
+Payload counts of point-to-point calls are exact; wire counts (TCP bytes) are
+the payload plus gloo's small headers, and for collectives of a large tensor
+they match the textbook formula within a few KiB.
+"""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+import labsupport as ls
+from labsupport import traffic
+
+HEADERS = 4 * 1024  # gloo's per-message headers plus a barrier's messages, bytes
+BIG = 4 << 20  # bytes: large enough that headers are noise beside the payload
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["world_size=2", "world_size=4"])
+def cluster(request):
+    c = ls.start(world_size=request.param, backend="gloo")
+    yield c
+    c.shutdown()
+
+
+def _counted(fn, *args):
+    """fn(*args) in a count() block that ends once every rank's bytes arrived."""
+    dist.barrier()
+    with traffic.count() as t:
+        fn(*args)
+        dist.barrier()
+    return t
+
+
+def _isend_irecv_ring(numel):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x, y = torch.ones(numel), torch.empty(numel)
+    with traffic.count() as t:
+        works = [dist.isend(x, (rank + 1) % n), dist.irecv(y, (rank - 1) % n)]
+        for w in works:
+            w.wait()
+    return t.sent, t.received, t.calls
+
+
+def test_isend_irecv_payload_is_exact(cluster):
+    for sent, received, calls in cluster.run(_isend_irecv_ring, 1000):
+        assert (sent, received) == (4000, 4000)
+        assert calls == {"isend": 1, "irecv": 1}
+
+
+def _send_recv_pairs(numel):
+    """Even ranks send numel doubles to the next rank, which answers with 3."""
+    rank = dist.get_rank()
+    x = torch.ones(numel, dtype=torch.float64)
+    with traffic.count() as t:
+        if rank % 2 == 0:
+            dist.send(x, rank + 1)
+            dist.recv(x[:3], rank + 1)
+        else:
+            dist.recv(x, rank - 1)
+            dist.send(x[:3], rank - 1)
+    return t.sent, t.received
+
+
+def test_blocking_send_recv_payload_is_exact(cluster):
+    for rank, counts in enumerate(cluster.run(_send_recv_pairs, 777)):
+        assert counts == ((777 * 8, 24) if rank % 2 == 0 else (24, 777 * 8))
+
+
+def _batched(numel):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x, y = torch.ones(numel, dtype=torch.int16), torch.empty(numel, dtype=torch.int16)
+    with traffic.count() as t:
+        ops = [dist.P2POp(dist.isend, x, (rank + 1) % n),
+               dist.P2POp(dist.irecv, y, (rank - 1) % n)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+    return t.sent, t.received, t.calls
+
+
+def test_batch_isend_irecv_counts_each_op_once(cluster):
+    for sent, received, calls in cluster.run(_batched, 501):
+        assert (sent, received) == (1002, 1002)
+        assert calls == {"batch_isend_irecv": 1}  # its inner isend/irecv not again
+
+
+def _one_send(nbytes):
+    x = torch.ones(nbytes // 4)
+    t = _counted(lambda: (dist.send(x, 1) if dist.get_rank() == 0 else
+                          dist.recv(x, 0) if dist.get_rank() == 1 else None))
+    return t.sent, t.received, t.wire_sent, t.wire_received
+
+
+def test_wire_is_payload_plus_small_overhead(cluster):
+    results = cluster.run(_one_send, BIG)
+    sent, _, wire_sent, _ = results[0]
+    _, received, _, wire_received = results[1]
+    assert sent == received == BIG
+    assert 0 < wire_sent - sent <= HEADERS
+    assert 0 < wire_received - received <= HEADERS
+    for _, _, wire_sent, wire_received in results[2:]:  # bystanders: the barriers only
+        assert wire_sent <= HEADERS and wire_received <= HEADERS
+
+
+def _collectives(nbytes):
+    n = dist.get_world_size()
+    big = torch.ones(nbytes // 4)
+    share = big[: big.numel() // n].clone()
+    counts = {}
+    for name, fn in (("all_reduce", lambda: dist.all_reduce(big)),
+                     ("all_gather", lambda: dist.all_gather_single(big, share)),
+                     ("reduce_scatter", lambda: dist.reduce_scatter_single(share, big))):
+        t = _counted(fn)
+        counts[name] = (t.wire_sent, t.wire_received)
+    return counts
+
+
+def test_collective_wire_bytes_match_the_formula(cluster):
+    n = cluster.world_size
+    formula = {
+        "all_reduce": 2 * (n - 1) * BIG // n,
+        "all_gather": (n - 1) * BIG // n,  # S is the output's size
+        # Textbook (n-1)/n * S; gloo computes it as an all-reduce and keeps
+        # each rank's chunk (chapter 1 shows this), so it moves 2(n-1)/n * S.
+        "reduce_scatter": 2 * (n - 1) * BIG // n,
+    }
+    for counts in cluster.run(_collectives, BIG):
+        for name, expected in formula.items():
+            for counted in counts[name]:
+                assert abs(counted - expected) <= HEADERS, (name, counted, expected)
+
+
+def test_patching_is_undone_when_the_block_ends_or_raises():
+    originals = {name: getattr(dist, name) for name in traffic._P2P}
+    with traffic.count():
+        assert all(getattr(dist, name) is not fn for name, fn in originals.items())
+    with pytest.raises(RuntimeError, match="inside the block"):
+        with traffic.count():
+            assert dist.isend is not originals["isend"]
+            raise RuntimeError("inside the block")
+    for name, fn in originals.items():
+        assert getattr(dist, name) is fn
+        assert getattr(c10d, name) is fn
+
+
+def test_an_empty_block_counts_no_payload():
+    with traffic.count(settle=0) as t:
+        pass
+    assert (t.sent, t.received, t.calls) == (0, 0, {})
