@@ -19,8 +19,8 @@ __all__ = ["Cluster", "RankError", "RankTimeout", "current", "device", "main", "
 
 # Submodules a chapter reaches as ``ls.<name>``, imported on first use so that
 # ``import labsupport`` stays light (it does not import torch by itself).
-_SUBMODULES = {"bench", "ddp", "diagrams", "grading", "models", "pipeline", "plots", "ring",
-               "timeline", "traffic"}
+_SUBMODULES = {"bench", "bubbles", "ddp", "ddp_probe", "diagrams", "grading", "models",
+               "pipeline", "pipeline_sim", "plots", "ring", "timeline", "traffic"}
 
 
 def __getattr__(name):
