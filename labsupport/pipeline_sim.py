@@ -1,0 +1,255 @@
+"""Ideal pipeline schedules: a schedule's own calls, timed on a perfect machine.
+
+    ops = orders(train_step_1f1b, p=4, m=8)          # per rank: [("F", s, i), ...]
+    events = ideal_events(train_step_1f1b, p=4, m=8)  # timeline events, no run needed
+    timeline.bubble(events)["fraction"]               # == (p-1)/(m+p-1)
+    gantt(events, "1F1B")                             # a compact Gantt chart
+    explorer({"1F1B": (train_step_1f1b, 1)})          # a menu and slider over p and m
+
+The schedule functions of ``labsupport.pipeline`` (or the notebook's copies)
+only call ``pp.forward(s, i)`` and ``pp.backward(s, i)``; here ``pp`` is an
+``OrderRecorder`` that writes those calls down. ``ideal_events`` then plays
+them with fixed costs and free communication: each rank runs its calls in
+order, each as soon as its input has arrived. It is the picture the bubble
+formulas describe (GPipe, Huang et al. arXiv 1811.06965; interleaved 1F1B,
+Narayanan et al. arXiv 2104.04473 Sec. 2.2), and it finds deadlocks: a rank
+waiting for a message that no rank will send.
+"""
+import numpy as np
+
+from labsupport.timeline import Timeline, merge
+
+
+class OrderRecorder:
+    """Stands in for ``PipelineRank``: records the schedule's calls instead of running them."""
+
+    def __init__(self, rank: int, world_size: int, m: int, v: int = 1):
+        if not (0 <= rank < world_size and m >= 1 and v >= 1):
+            raise ValueError(f"need 0 <= rank < world_size, m >= 1, v >= 1; got rank={rank}, "
+                             f"world_size={world_size}, m={m}, v={v}")
+        self.rank, self.world_size, self.m, self.v = rank, world_size, m, v
+        self.num_stages = world_size * v
+        self.stages = {s: None for s in range(rank, self.num_stages, world_size)}  # like pp's
+        self.ops: list[tuple] = []
+
+    def forward(self, s, i):
+        self.ops.append(("F", s, i))
+
+    def backward(self, s, i):
+        self.ops.append(("B", s, i))
+
+
+def orders(schedule, p: int, m: int, v: int = 1) -> list[list[tuple]]:
+    """Each rank's calls, in order: ``[("F", stage, micro-batch), ("B", ...), ...]``."""
+    result = []
+    for rank in range(p):
+        recorder = OrderRecorder(rank, p, m, v)
+        schedule(recorder)
+        _check_complete(recorder)
+        result.append(recorder.ops)
+    return result
+
+
+def _check_complete(rec: OrderRecorder):
+    """Every stage of the rank does each micro-batch's forward and backward exactly once."""
+    mine = range(rec.rank, rec.num_stages, rec.world_size)
+    want = sorted((k, s, i) for k in "BF" for s in mine for i in range(rec.m))
+    if sorted(rec.ops) != want:
+        missing = sorted(set(want) - set(rec.ops))[:4]
+        extra = sorted({op for op in rec.ops if rec.ops.count(op) > 1 or op not in want})[:4]
+        raise ValueError(f"rank {rec.rank}'s schedule must run F and B of each of its stages "
+                         f"{list(mine)} for micro-batches 0..{rec.m - 1} once each: "
+                         f"missing {missing}, repeated or foreign {extra}")
+
+
+def _needs(op, num_stages):
+    """The calls whose results ``op`` uses (its input message and its own forward)."""
+    kind, s, i = op
+    if kind == "F":
+        return [("F", s - 1, i)] if s > 0 else []
+    after = ("B", s + 1, i) if s < num_stages - 1 else ("F", s, i)
+    return [("F", s, i), after]
+
+
+def ideal_events(schedule, p: int, m: int, v: int = 1, t_f: float = 1.0,
+                 t_b: float = 2.0, durations: dict | None = None) -> list[dict]:
+    """Timeline events of ``schedule`` on an ideal machine (no run needed).
+
+    A stage costs ``t_f / v`` forward and ``t_b / v`` backward (a rank's
+    model is cut into v stages), or ``durations[(kind, stage, mb)]`` seconds
+    when given (e.g. those of a real run); messages are free. Raises
+    ``RuntimeError`` naming the stuck calls if the ranks' orders deadlock.
+    """
+    ops, n = orders(schedule, p, m, v), p * v
+    cost = durations or {op: (t_f if op[0] == "F" else t_b) / v for r in ops for op in r}
+    done, free, pos = {}, [0.0] * p, [0] * p
+    tls = [Timeline(rank) for rank in range(p)]
+    while any(pos[r] < len(ops[r]) for r in range(p)):
+        progressed = False
+        for r in range(p):
+            while pos[r] < len(ops[r]) and all(d in done for d in _needs(ops[r][pos[r]], n)):
+                kind, s, i = op = ops[r][pos[r]]
+                start = max([free[r]] + [done[d] for d in _needs(op, n)])
+                free[r] = done[op] = start + cost[op]
+                tls[r].record("compute", kind, start, free[r], mb=i, stage=s)
+                pos[r], progressed = pos[r] + 1, True
+        if not progressed:
+            stuck = [f"rank {r} at {ops[r][pos[r]]}" for r in range(p) if pos[r] < len(ops[r])]
+            raise RuntimeError("deadlock: every rank waits for a call no rank will make: "
+                               + ", ".join(stuck))
+    return merge([tl.events for tl in tls])
+
+
+def bubble_formula(p: int, m: int, v: int = 1) -> dict:
+    """The bubble of GPipe / 1F1B (v = 1) and interleaved 1F1B (v stages per rank).
+
+    ``ratio``: idle over ideal compute, (p-1)/(v·m) (Narayanan et al., arXiv
+    2104.04473, Sec. 2.2); ``fraction``: idle over wall time, (p-1)/(v·m+p-1).
+    """
+    if min(p, m, v) < 1:
+        raise ValueError(f"p, m and v must be at least 1, got p={p}, m={m}, v={v}")
+    return dict(ratio=(p - 1) / (v * m), fraction=(p - 1) / (v * m + p - 1))
+
+
+def stash_formula(schedule: str, p: int, m: int, v: int = 1, rank: int = 0) -> int:
+    """Peak number of stashed micro-batch activations on ``rank`` (stage-sized for v = 1).
+
+    GPipe: all m; 1F1B: p - rank (its warm-up plus one); interleaved: its
+    warm-up 2(p-rank-1) + (v-1)p plus one, counted in stages of 1/v the size.
+    """
+    peaks = {"naive": 1, "afab": m, "1f1b": min(p - rank, m),
+             "interleaved": min(2 * (p - rank - 1) + (v - 1) * p + 1, v * m)}
+    if schedule not in peaks:
+        raise ValueError(f"unknown schedule {schedule!r}: use one of {sorted(peaks)}")
+    return peaks[schedule]
+
+
+# --- the explorer: every (schedule, p, v, m) of a small grid, drawn in advance ---
+
+def explorer(schedules: dict, ps=(2, 4, 8), ms=(1, 2, 4, 8, 16), start=(0, 0),
+             max_bars=128):
+    """A plotly figure: a menu picks schedule and p, a slider picks m; bubbles in the title.
+
+    ``schedules`` maps a label to ``(schedule function, v)``. Every view is
+    computed here, so the figure works in the static book with no kernel:
+    the menu swaps in a slider listing that group's m values. ``start`` is
+    the (group, m) index shown first; views of more than ``max_bars`` bars
+    (2·p·v·m) are left out to keep the page light.
+    """
+    import plotly.graph_objects as go
+
+    fig, groups = go.Figure(), []
+    for label, (fn, v) in schedules.items():
+        for p in ps:
+            views = [_add_view(fig, fn, p, m, v, label) for m in ms
+                     if 2 * p * v * m <= max_bars and _valid(fn, p, m, v)]
+            if views:
+                groups.append((f"{label}, p={p}", p, views))
+    if not groups:
+        raise ValueError(f"no valid view for these schedules, ps={ps} and ms={ms}: "
+                         "interleaved schedules need m divisible by p")
+    n, (g, k) = len(fig.data), start
+    sliders = [_slider(views) for _, _, views in groups]
+    buttons = [dict(label=name, method="update",
+                    args=[{"visible": _visible(views[0][0], n)},
+                          {"sliders": [slider], "title.text": views[0][1], **_y_axis(p)}])
+               for (name, p, views), slider in zip(groups, sliders)]
+    for i, trace in enumerate(fig.data):
+        trace.visible = i in groups[g][2][k][0]
+    fig.update_layout(
+        title=dict(text=groups[g][2][k][1], x=0, xanchor="left"), barmode="overlay",
+        height=500, margin=dict(t=110), sliders=[dict(sliders[g], active=k)],
+        uniformtext=dict(minsize=9, mode="hide"),
+        updatemenus=[dict(buttons=buttons, active=g, x=1, xanchor="right", y=1.02,
+                          yanchor="bottom", direction="down")],
+        xaxis_title="time (units of one whole-model forward)", **_y_axis(groups[g][1]))
+    return fig
+
+
+def _valid(fn, p, m, v):
+    try:
+        orders(fn, p, m, v)
+        return True
+    except ValueError:  # e.g. interleaved needs p | m, naive needs m = 1
+        return False
+
+
+def _add_view(fig, fn, p, m, v, label):
+    """Two bar traces (forwards, backwards) of one ideal schedule: (their indices, title, m)."""
+    events = ideal_events(fn, p, m, v, t_f=1.0 / p, t_b=2.0 / p)
+    first = len(fig.data)
+    for trace in _bars(events, row=lambda e: e["rank"]):
+        fig.add_trace(trace)
+    f = bubble_formula(p, m, v)
+    title = (f"{label}, p={p}, m={m}<br><sub>bubble: {f['fraction']:.0%} of the wall "
+             f"time, {f['ratio']:.0%} of the compute</sub>")
+    return [first, first + 1], title, m
+
+
+KINDS = {"F": ("forward", "#0072B2"), "B": ("backward", "#009E73"),
+         "recv": ("waiting in recv", "#D55E00"), "send": ("posting a send", "#CC79A7")}
+
+
+def _bars(events, row):
+    """One horizontal bar trace per kind of event (F, B, recv), labelled by micro-batch."""
+    import plotly.graph_objects as go
+
+    traces = []
+    for kind, (name, colour) in KINDS.items():
+        evs = [e for e in events if e["name"] == kind]
+        if evs or kind in "FB":
+            traces.append(go.Bar(  # numpy arrays: stored compactly (base64)
+                y=_compact([row(e) for e in evs]), base=[round(e["start"], 6) for e in evs],
+                x=np.array([e["end"] - e["start"] for e in evs], dtype="f4"), orientation="h",
+                width=0.8, text=[str(e.get("mb", "")) for e in evs], textangle=0,
+                textposition="inside", insidetextanchor="middle", name=name,
+                marker_color=colour, hovertemplate=f"{kind} %{{text}}<extra>%{{y}}</extra>"))
+    return traces
+
+
+def _compact(values):
+    """Integer rows as a small numpy array (stored as base64), labels as they are."""
+    return np.array(values, dtype="i1") if all(type(v) is int for v in values) else values
+
+
+def gantt(events, title, scale=1.0, unit="time"):
+    """A compact Gantt chart (one trace per kind of event) of ``events``.
+
+    A row per rank for its compute and one for its messages (waits in recv,
+    sends), in the order the ranks first appear; ``rank`` may be any label
+    (e.g. "0 ideal"). Times are multiplied by ``scale`` (1e3 for ms).
+    """
+    import plotly.graph_objects as go
+
+    def row(e):
+        return f"rank {e['rank']}" + ("" if e["lane"] == "compute" else " messages")
+
+    ranks = list(dict.fromkeys(e["rank"] for e in events))
+    present = {row(e) for e in events}
+    rows = [r for rank in ranks for r in (f"rank {rank}", f"rank {rank} messages")
+            if r in present]
+    scaled = [dict(e, start=e["start"] * scale, end=e["end"] * scale) for e in events]
+    fig = go.Figure(_bars(scaled, row))
+    fig.update_layout(title=title, barmode="overlay", height=140 + 32 * len(rows),
+                      uniformtext=dict(minsize=9, mode="hide"), xaxis_title=unit,
+                      yaxis=dict(categoryorder="array", categoryarray=rows,
+                                 autorange="reversed"))
+    return fig
+
+
+def _visible(indices, n):
+    return [i in indices for i in range(n)]
+
+
+def _slider(views):
+    """Steps that switch between one group's views, touching only that group's traces."""
+    mine = [i for idx, _, _ in views for i in idx]
+    steps = [dict(label=str(m), method="update",
+                  args=[{"visible": [i in idx for i in mine]}, {"title.text": title}, mine])
+             for idx, title, m in views]
+    return dict(active=0, steps=steps, currentvalue=dict(prefix="m = "), pad=dict(t=50))
+
+
+def _y_axis(p):
+    return {"yaxis.range": [p - 0.5, -0.5], "yaxis.tickvals": list(range(p)),
+            "yaxis.ticktext": [f"rank {r}" for r in range(p)], "yaxis.title": "rank"}
