@@ -22,10 +22,10 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 import torch.nn.functional as F
 
 from labsupport import traffic
+from labsupport._patch import current, patched
 from labsupport.timeline import Timeline
 
 
@@ -56,7 +56,7 @@ def watch_all_reduce(timeline: Timeline | None = None):
     hand-written versions and DDP's Python comm hooks do, are seen; DDP's
     built-in all-reduce runs in C++ and is not.
     """
-    log, original = AllReduceLog(), c10d.all_reduce
+    log, original = AllReduceLog(), current("all_reduce")
 
     def watched(tensor, *args, **kwargs):
         call = dict(nbytes=tensor.numel() * tensor.element_size(),
@@ -70,7 +70,7 @@ def watch_all_reduce(timeline: Timeline | None = None):
         return work
 
     watched.__wrapped__ = original
-    with _patched("all_reduce", watched):
+    with patched({"all_reduce": watched}):
         yield log
 
 
@@ -79,18 +79,6 @@ def _completed(call: dict, timeline: Timeline | None):
     if timeline is not None:
         timeline.record("comm", "all-reduce", call["start"], call["end"],
                         kib=call["nbytes"] / 1024)
-
-
-@contextlib.contextmanager
-def _patched(name, fn):
-    originals = [(module, getattr(module, name)) for module in (c10d, dist)]
-    for module, _ in originals:
-        setattr(module, name, fn)
-    try:
-        yield
-    finally:
-        for module, value in originals:
-            setattr(module, name, value)
 
 
 class GradReadyProbe:

@@ -23,6 +23,8 @@ import time
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from labsupport._patch import current, patched
+
 P2P = ("send", "recv", "isend", "irecv")
 # Everything that moves tensor data between ranks in one call (barrier does not).
 COLLECTIVES = tuple(name for name in """all_reduce reduce broadcast all_gather
@@ -130,21 +132,13 @@ def record(path: str, buffer=None):
     """Record this rank's point-to-point and collective calls in the block to ``path``."""
     rec = Recorder(path, buffer)
     rec.log(ev="begin")
-    originals = {name: getattr(c10d, name) for name in (*P2P, *COLLECTIVES, "batch_isend_irecv")}
-    wrapped = {name: _wrap(name, fn, rec) for name, fn in originals.items()}
+    names = (*P2P, *COLLECTIVES, "batch_isend_irecv")
     try:
-        _install(wrapped)
-        yield rec
+        with patched({name: _wrap(name, current(name), rec) for name in names}):
+            yield rec
     finally:
-        _install(originals)
         rec.log(ev="exit")
         rec.close()
-
-
-def _install(functions: dict):
-    for module in (c10d, dist):
-        for name, fn in functions.items():
-            setattr(module, name, fn)
 
 
 def _wrap(name, fn, rec: Recorder):

@@ -26,8 +26,7 @@ import struct
 import threading
 import time
 
-import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
+from labsupport._patch import current, patched
 
 # Offsets in Linux's struct tcp_info (include/uapi/linux/tcp.h) of
 # tcpi_bytes_acked and tcpi_bytes_received (u64s, Linux >= 4.2) and of
@@ -97,19 +96,8 @@ def count(settle: float = 0.02):
 _active = threading.local()  # inside a counted call: its inner calls are not counted again
 
 
-@contextlib.contextmanager
 def _counting_p2p(traffic: Traffic):
-    originals = {name: getattr(c10d, name) for name in _P2P}
-    wrapped = {name: _wrap(name, fn, traffic) for name, fn in originals.items()}
-    for module in (c10d, dist):
-        for name, fn in wrapped.items():
-            setattr(module, name, fn)
-    try:
-        yield
-    finally:
-        for module in (c10d, dist):
-            for name, fn in originals.items():
-                setattr(module, name, fn)
+    return patched({name: _wrap(name, current(name), traffic) for name in _P2P})
 
 
 def _wrap(name, fn, traffic: Traffic):

@@ -219,11 +219,11 @@ def test_profile_records_backward_segments_and_comm_spans_on_every_rank():
 
 def test_watch_all_reduce_logs_sync_and_async_calls_and_restores_dist():
     def watch():
-        tl, before = timeline.Timeline(), (dist.all_reduce, ddp_probe.c10d.all_reduce)
+        tl, before = timeline.Timeline(), (dist.all_reduce, torch.distributed.distributed_c10d.all_reduce)
         with ddp_probe.watch_all_reduce(tl) as log:
             dist.all_reduce(torch.ones(4))
             dist.all_reduce(torch.ones(2, dtype=torch.float64), async_op=True).wait()
-        restored = (dist.all_reduce, ddp_probe.c10d.all_reduce) == before
+        restored = (dist.all_reduce, torch.distributed.distributed_c10d.all_reduce) == before
         return log.count, log.nbytes, len(tl.events), restored, all(c["end"] >= c["start"] for c in log.calls)
 
     assert ls.run(watch, world_size=2) == [(2, 32, 2, True, True)] * 2
