@@ -49,6 +49,13 @@ def check_world_size(world_size) -> int:
     return world_size
 
 
+def check_timeout(timeout) -> float:
+    """A run's deadline in seconds, checked."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
 def visible_gpus() -> int:
     try:
         import torch

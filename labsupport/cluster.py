@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from labsupport import backend as _backend
+from labsupport.backend import check_timeout
 from labsupport import procserver
 from labsupport._proc import describe_status
 from labsupport.errors import RankError, build_error, format_stack_dump
@@ -61,12 +62,14 @@ class Cluster:
         self._ready = False
         self._closed = False
         self._lock = threading.Lock()
+        self._respawn = False  # a failed start leaves nothing behind
         try:
             self._spawn()
             self._wait_ready(procserver.START_TIMEOUT)
         except BaseException:
-            self.shutdown()  # nothing may outlive a failed start
+            self.shutdown()
             raise
+        self._respawn = True
 
     def __repr__(self):
         state = "shut down" if self._closed else "ready" if self._ready else "starting"
@@ -188,9 +191,8 @@ class Cluster:
 
     def _raise_for(self, outcome: _Outcome, deadline_text: str):
         if outcome.failures or outcome.running:
-            restarting = self._ranks is None or not self._ready
             raise build_error(outcome.failures, outcome.running, outcome.stacks,
-                              deadline_text, restarting) from None
+                              deadline_text, restarting=self._ranks is not None) from None
 
     # -- starting and stopping ranks -------------------------------------------------
 
@@ -239,7 +241,7 @@ class Cluster:
             dumps = procserver.get().dump_stacks({r.pid: r.stack_path for r in stuck})
             outcome.stacks = {r.rank: format_stack_dump(dumps[r.pid]) for r in stuck}
         self._stop_ranks()
-        if not self._closed:
+        if self._respawn and not self._closed:
             try:
                 self._spawn()  # in the background: the next call finds it (nearly) ready
             except Exception:
@@ -290,12 +292,6 @@ def _load_result(rank, data):
         return cloudpickle.loads(data)
     except Exception as exc:
         raise RankError(f"rank {rank}'s return value cannot be rebuilt in the notebook: {exc}") from exc
-
-
-def check_timeout(timeout) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    return float(timeout)
 
 
 def _sys_path():

@@ -99,9 +99,10 @@ def _format_chain(desc: dict) -> list[str]:
     elif desc.get("context"):
         lines += _format_chain(desc["context"])
         lines.append("\nDuring handling of the above exception, another exception occurred:\n\n")
-    if desc["frames"]:
+    frames = [f for f in desc["frames"] if not any(marker in f[0] for marker in _INTERNAL)]
+    if frames:
         lines.append("Traceback (most recent call last):\n")
-        lines += [format_frame(*frame) for frame in desc["frames"]]
+        lines += [format_frame(*frame) for frame in frames]
     lines.append(desc["text"] + "\n")
     return lines
 

@@ -9,7 +9,8 @@ re-running a setup cell never leaves ranks behind.
 """
 from labsupport import _rank
 from labsupport import backend as _backend
-from labsupport.cluster import DEFAULT_TIMEOUT, Cluster, check_timeout
+from labsupport.backend import check_timeout
+from labsupport.cluster import DEFAULT_TIMEOUT, Cluster
 
 _current: Cluster | None = None
 _notices_shown: set = set()
