@@ -184,3 +184,16 @@ def test_stopped_groups_leave_no_files_behind():
         c.run(lambda: dist.recv(torch.zeros(1), src=1) if dist.get_rank() == 0 else None)
     c.shutdown()
     assert os.listdir(procserver.get().dir) == ["server.log"]
+
+
+def test_a_failed_start_is_one_clear_error_and_leaves_nothing_behind(monkeypatch):
+    from labsupport import procserver
+    ls.shutdown()
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface0")  # gloo cannot start
+    with pytest.raises(ls.RankError, match="ranks 0, 1 raised RuntimeError.*no-such-interface0") as info:
+        ls.start(world_size=2)
+    assert "fresh group" not in str(info.value)
+    assert ls.current() is None
+    assert os.listdir(procserver.get().dir) == ["server.log"]
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    assert ls.start(world_size=2).run(lambda: 1) == [1, 1]
