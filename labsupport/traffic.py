@@ -30,9 +30,11 @@ from labsupport._patch import current, patched
 
 # Offsets in Linux's struct tcp_info (include/uapi/linux/tcp.h) of
 # tcpi_bytes_acked and tcpi_bytes_received (u64s, Linux >= 4.2) and of
-# tcpi_bytes_sent (u64, Linux >= 4.19). Bytes sent are counted when they leave,
-# so the count does not depend on when the peer's acknowledgements come back;
-# older kernels fall back to bytes acknowledged.
+# tcpi_bytes_sent and tcpi_bytes_retrans (u64s, Linux >= 4.19). Bytes sent
+# minus bytes sent again are counted when they first leave, so the count
+# depends neither on when the peer's acknowledgements come back nor on
+# retransmissions (which happen even on loopback under load); older kernels
+# fall back to bytes acknowledged.
 _TCP_INFO_BYTES_ACKED = 120
 _TCP_INFO_BYTES_RECEIVED = 128
 _TCP_INFO_BYTES_SENT = 200
@@ -69,9 +71,11 @@ def tcp_totals() -> tuple[int, int]:
             if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
                 continue
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
-            out_offset = _TCP_INFO_BYTES_SENT if len(info) >= _TCP_INFO_BYTES_SENT + 8 \
-                else _TCP_INFO_BYTES_ACKED
-            sent += struct.unpack_from("Q", info, out_offset)[0]
+            if len(info) >= _TCP_INFO_BYTES_SENT + 16:
+                first_time, again = struct.unpack_from("QQ", info, _TCP_INFO_BYTES_SENT)
+                sent += first_time - again
+            else:
+                sent += struct.unpack_from("Q", info, _TCP_INFO_BYTES_ACKED)[0]
             received += struct.unpack_from("Q", info, _TCP_INFO_BYTES_RECEIVED)[0]
     return sent, received
 
