@@ -16,8 +16,8 @@ fi
 
 "$PYTHON" - <<'PY'
 import sys
-if sys.version_info < (3, 10):
-    sys.exit(f"Python >= 3.10 is needed (found {sys.version.split()[0]}); set PYTHON=python3.11")
+if sys.version_info < (3, 11):
+    sys.exit(f"Python >= 3.11 is needed (found {sys.version.split()[0]}); set PYTHON=python3.11")
 PY
 
 echo "setup: creating/refreshing $VENV from requirements.txt"
