@@ -70,14 +70,20 @@ def tcp_totals() -> tuple[int, int]:
         with sock:
             if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
                 continue
-            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
-            if len(info) >= _TCP_INFO_BYTES_SENT + 16:
-                first_time, again = struct.unpack_from("QQ", info, _TCP_INFO_BYTES_SENT)
-                sent += first_time - again
-            else:
-                sent += struct.unpack_from("Q", info, _TCP_INFO_BYTES_ACKED)[0]
-            received += struct.unpack_from("Q", info, _TCP_INFO_BYTES_RECEIVED)[0]
+            out, into = tcp_info_bytes(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE))
+            sent += out
+            received += into
     return sent, received
+
+
+def tcp_info_bytes(info: bytes) -> tuple[int, int]:
+    """(bytes sent once, bytes received) from one socket's struct tcp_info."""
+    if len(info) >= _TCP_INFO_BYTES_SENT + 16:
+        sent, sent_again = struct.unpack_from("QQ", info, _TCP_INFO_BYTES_SENT)
+        sent -= sent_again
+    else:
+        sent = struct.unpack_from("Q", info, _TCP_INFO_BYTES_ACKED)[0]
+    return sent, struct.unpack_from("Q", info, _TCP_INFO_BYTES_RECEIVED)[0]
 
 
 @contextlib.contextmanager

@@ -5,6 +5,9 @@ Payload counts of point-to-point calls are exact; wire counts (TCP bytes) are
 the payload plus gloo's small headers, and for collectives of a large tensor
 they match the textbook formula within a few KiB.
 """
+import socket
+import struct
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -148,3 +151,36 @@ def test_an_empty_block_counts_no_payload():
     with traffic.count(settle=0) as t:
         pass
     assert (t.sent, t.received, t.calls) == (0, 0, {})
+
+
+def _tcp_info(size, acked=0, received=0, sent=0, retransmitted=0):
+    info = bytearray(size)
+    struct.pack_into("QQ", info, traffic._TCP_INFO_BYTES_ACKED, acked, received)
+    if size >= traffic._TCP_INFO_BYTES_SENT + 16:
+        struct.pack_into("QQ", info, traffic._TCP_INFO_BYTES_SENT, sent, retransmitted)
+    return bytes(info)
+
+
+def test_retransmitted_bytes_are_not_counted_twice():
+    # Linux >= 4.19: bytes sent include the segments sent again after a loss
+    info = _tcp_info(232, acked=900, received=700, sent=1_500, retransmitted=500)
+    assert traffic.tcp_info_bytes(info) == (1_000, 700)
+
+
+def test_older_kernels_count_bytes_acknowledged():
+    info = _tcp_info(160, acked=900, received=700)
+    assert traffic.tcp_info_bytes(info) == (900, 700)
+
+
+def test_a_real_socket_pair_counts_what_was_sent():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        with socket.create_connection(server.getsockname()) as client:
+            peer, _ = server.accept()
+            with peer:
+                client.sendall(b"x" * 10_000)
+                got = b""
+                while len(got) < 10_000:
+                    got += peer.recv(65536)
+                info = lambda s: s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+                assert traffic.tcp_info_bytes(info(client))[0] == 10_000
+                assert traffic.tcp_info_bytes(info(peer))[1] == 10_000
