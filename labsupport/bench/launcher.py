@@ -98,10 +98,15 @@ def _fail_on_rank_1():
     dist.all_reduce(torch.ones(1))
 
 
+_TENSOR = []  # per rank: the 4 MiB tensor, allocated once as in the bare worker
+
+
 def _allreduce_4mib():
     import torch
     import torch.distributed as dist
-    dist.all_reduce(torch.ones(1 << 20))  # 4 MiB of float32
+    if not _TENSOR:
+        _TENSOR.append(torch.ones(1 << 20))  # 4 MiB of float32
+    dist.all_reduce(_TENSOR[0])
 
 
 def bench_world_size(ws, repeats):

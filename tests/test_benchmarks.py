@@ -1,0 +1,49 @@
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_benchmarks.py
+"""Every benchmark script (python -m labsupport.bench <name>) runs end to end.
+
+Small sizes and one repeat: these tests assert no speed (machines are noisy),
+only that each script finishes and ends with its machine-readable line, so
+the numbers quoted in closing notes and the README come from scripts that work.
+"""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NUMBER = r"\d+\.\d+"
+
+
+def _bench(*args, timeout=300):
+    cmd = [sys.executable, "-m", "labsupport.bench", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, last", [
+    (("ring", "--world-sizes", "2", "--max-mib", "1", "--repeats", "1", "--backend", "gloo"),
+     rf"ring_busbw_ratio_1MiB={NUMBER}"),
+    (("collectives", "--world-sizes", "2", "--max-mib", "1", "--repeats", "1", "--backend", "gloo"),
+     rf"busbw_GBps_all_reduce_w2={NUMBER} .*busbw_GBps_reduce_w2={NUMBER}"),
+    (("launcher", "--world-sizes", "2", "--repeats", "1"),
+     rf"startup_ratio={NUMBER} noop_ms_w4={NUMBER} recover_s_w4={NUMBER} allreduce_ratio={NUMBER}"),
+    (("ddp", "--world-sizes", "2", "--rounds", "1", "--steps", "2", "--width", "32", "--depth", "2"),
+     rf"naive_w2={NUMBER} overlapped_w2={NUMBER} bucketed_w2={NUMBER}"),
+    (("pipeline", "--world-sizes", "2", "--ms", "2", "--runs", "1", "--width", "64", "--rows", "8"),
+     r"\d+ of 4 configurations within 10% of the formula; took \d+ s"),
+], ids=lambda v: v[0] if isinstance(v, tuple) else None)
+def test_each_benchmark_ends_with_its_machine_readable_line(args, last):
+    out = _bench(*args)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.fullmatch(last, out.stdout.strip().splitlines()[-1]), out.stdout[-2000:]
+
+
+def test_the_ring_benchmark_needs_two_ranks():
+    out = _bench("ring", "--world-sizes", "4", timeout=60)
+    assert out.returncode != 0 and "include 2" in out.stderr
+
+
+def test_an_unknown_benchmark_lists_the_known_ones():
+    out = _bench("nosuch", timeout=60)
+    assert out.returncode != 0 and "launcher" in out.stderr and "pipeline" in out.stderr
