@@ -56,8 +56,10 @@ _KINDS = {
 def check_allreduce(fn, world_sizes=WORLD_SIZES, sizes=SIZES, *, timeout=None, traffic=False):
     """``fn(tensor)`` all-reduces a 1-D float32 tensor in place: checked against dist.all_reduce.
 
-    ``traffic=True`` also checks the payload each rank sends with send/isend:
-    2(N-1)/N*S bytes, the bandwidth-optimal ring (Patarasuk & Yuan 2009, eq. 1).
+    ``traffic=True`` also checks that each rank sends only to its right neighbour
+    and receives only from its left one, and the payload it sends with
+    send/isend: 2(N-1)/N*S bytes, the bandwidth-optimal ring (Patarasuk & Yuan
+    2009, eq. 1).
     """
     problem = _check("all_reduce", fn, world_sizes, sizes, timeout, traffic)
     if problem:  # raised here, so that the student's traceback is one short frame
@@ -160,7 +162,18 @@ def _assert_result(kind, name, world_size, case):
 
 
 def _assert_traffic(kind, name, world_size, case):
-    size, factor, n = case[0]["size"], _KINDS[kind]["factor"], world_size
+    n = world_size
+    off_ring = [f"rank {r} {verb} {sorted(peers)}" for r, c in enumerate(case)
+                for verb, peers in (("sent to ranks", c["peers"]["send"] - {(r + 1) % n}),
+                                    ("received from ranks", c["peers"]["recv"] - {(r - 1) % n}))
+                if peers]
+    if off_ring:
+        raise AssertionError(
+            f"{name} is not a ring on {n} ranks: " + "; ".join(off_ring[:4]) + ". In a ring "
+            "each rank sends only to its right neighbour, (rank + 1) % world_size, and receives "
+            "only from its left one, (rank - 1) % world_size: one link per rank, each "
+            "carrying one chunk per step, whatever the number of ranks.")
+    size, factor = case[0]["size"], _KINDS[kind]["factor"]
     nbytes = size * 4  # S, float32
     low, high = (factor * (n - 1) * (size // n) * 4, factor * (n - 1) * -(-size // n) * 4)
     sent = [r["sent"] for r in case]
@@ -280,7 +293,8 @@ def _trial(log_dir, fn, kind, size) -> dict:
     shape = tuple(got.shape)
     got = got.detach().float().reshape(-1) if shape == (size,) else expected * float("nan")
     return dict(size=size, got=got, expected=expected, compared=compared, shape=shape,
-                sent=counted.sent, collectives=rec.collectives, unwaited=rec.unwaited())
+                sent=counted.sent, collectives=rec.collectives, unwaited=rec.unwaited(),
+                peers=rec.peers)
 
 
 def _case(kind, size):

@@ -70,6 +70,7 @@ class Recorder:
         self.buffer = buffer
         self.collectives: dict[str, int] = {}
         self.open: dict[int, str] = {}   # id of an isend/irecv not waited for -> what it was
+        self.peers = {"send": set(), "recv": set()}  # the ranks sent to and received from
         self._next_id = 0
         self.closed = False
 
@@ -86,6 +87,8 @@ class Recorder:
     def new_call(self, op: str, peer=None, tensor=None) -> tuple[int, str]:
         """Log the start of a call; its id and what it moves ('chunk 2')."""
         self._next_id += 1
+        if op in P2P and peer is not None:
+            self.peers["send" if "send" in op else "recv"].add(peer)
         what = "" if tensor is None else describe_tensor(tensor, self.buffer,
                                                           dist.get_world_size())
         self.log(ev="start", id=self._next_id, op=op, peer=peer, what=what)

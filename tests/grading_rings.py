@@ -65,6 +65,16 @@ def whole_buffer_all_reduce(tensor):
         passing = received
 
 
+def direct_all_gather(tensor):
+    """Each rank sends its chunk straight to every other rank: a ring's bytes, not a ring."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = tensor.tensor_split(n)
+    requests = [dist.isend(chunks[rank], peer) for peer in range(n) if peer != rank]
+    requests += [dist.irecv(chunks[peer], peer) for peer in range(n) if peer != rank]
+    for request in requests:
+        request.wait()
+
+
 def all_reduce_inside(tensor):
     dist.all_reduce(tensor)
 

@@ -25,9 +25,9 @@ import torch.distributed as dist
 import labsupport as ls
 from labsupport import p2p_log
 from grading_rings import (
-    all_reduce_inside, batched_reduce_scatter, chunk_reduce_scatter, endless, exchange,
-    not_written_yet, raises_on_rank_1, rank0_silent_all_gather, ring_all_gather,
-    ring_all_reduce, ring_reduce_scatter, send_first_reduce_scatter,
+    all_reduce_inside, batched_reduce_scatter, chunk_reduce_scatter, direct_all_gather,
+    endless, exchange, not_written_yet, raises_on_rank_1, rank0_silent_all_gather,
+    ring_all_gather, ring_all_reduce, ring_reduce_scatter, send_first_reduce_scatter,
     unwaited_recv_reduce_scatter, whole_buffer_all_reduce)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,6 +62,16 @@ def test_whole_buffer_ring_is_right_but_fails_the_bytes_check():
                            "S = 32 bytes (8 float32), rank 0 sent 96 bytes = 3.00*S")
     assert "A ring sends 2(N-1)/N*S = 1.50*S per rank" in text
     assert "a ring passing the whole tensor at each step" in text
+
+
+def test_sending_past_the_neighbours_fails_the_traffic_check_only():
+    ls.grading.check_all_gather(direct_all_gather)  # the result is right
+    text = fails(ls.grading.check_all_gather, direct_all_gather, world_sizes=(4,),
+                 sizes=(8,), traffic=True)
+    assert text.startswith("direct_all_gather is not a ring on 4 ranks: rank 0 sent to "
+                           "ranks [2, 3]; rank 0 received from ranks [1, 2]")
+    assert "only to its right neighbour, (rank + 1) % world_size" in text
+    ls.grading.check_all_gather(direct_all_gather, world_sizes=(2,), traffic=True)  # a ring of 2
 
 
 def test_a_collective_inside_fails_naming_it():
@@ -227,6 +237,17 @@ WHOLE_AG = cell("""
             tensor.tensor_split(world_size)[recv_i].copy_(
                 received.tensor_split(world_size)[recv_i])
 """)
+DIRECT_AG = cell("""
+    def ring_all_gather(tensor):
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        chunks = tensor.tensor_split(world_size)
+        requests = [dist.isend(chunks[rank], dst=peer)
+                    for peer in range(world_size) if peer != rank]
+        requests += [dist.irecv(chunks[peer], src=peer)
+                     for peer in range(world_size) if peer != rank]
+        for request in requests:
+            request.wait()
+""")
 ALL_REDUCE_AG = cell("""
     def ring_all_gather(tensor):
         rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -243,6 +264,7 @@ SUBMISSIONS = {
     "deadlock": (SEND_FIRST_RS, None),
     "whole_buffer": (WHOLE_RS, WHOLE_AG),
     "all_reduce_inside": (None, ALL_REDUCE_AG),
+    "direct_all_gather": (None, DIRECT_AG),
     "torch_chunk": ("chunk", "chunk"),
 }
 CELLS = {"test_reduce_scatter": 2, "test_reduce_scatter_uneven": 1, "test_all_gather": 2,
@@ -257,6 +279,8 @@ FAILED = {  # submission -> the test cells that score zero, and what their messa
     "all_reduce_inside": dict.fromkeys(("test_all_gather", "test_all_gather_uneven",
                                         "test_all_reduce", "test_bytes_sent"),
                                        "called a collective (rank 0: dist.all_reduce"),
+    "direct_all_gather": {"test_bytes_sent": "is not a ring on 4 ranks: rank 0 sent to ranks "
+                                             "[2, 3]"},
     "torch_chunk": dict.fromkeys(("test_reduce_scatter_uneven", "test_all_gather_uneven"),
                                  "(torch.chunk splits differently"),
 }
@@ -325,7 +349,7 @@ def test_exported_grades_are_the_expected_totals(graded):
     expected = {s: sum(p for c, p in CELLS.items() if c not in FAILED[s]) for s in SUBMISSIONS}
     assert {s: float(rows[s]["score"]) for s in SUBMISSIONS} == expected
     assert expected == {"reference": 10, "untouched": 0, "deadlock": 3, "whole_buffer": 8,
-                        "all_reduce_inside": 3, "torch_chunk": 8}
+                        "all_reduce_inside": 3, "direct_all_gather": 8, "torch_chunk": 8}
     assert {float(row["max_score"]) for row in rows.values()} == {10.0}
 
 
@@ -371,4 +395,4 @@ def test_a_deadlock_ends_each_cell_at_the_deadline_not_at_nbgraders_limit(graded
     for cell_id in hung:  # nbgrader itself would wait 120 s (nbgrader_config.py)
         assert DEADLINE <= seconds[cell_id] < DEADLINE + 20, (cell_id, seconds[cell_id])
     assert sum(seconds.values()) < len(hung) * (DEADLINE + 20)
-    assert graded["autograde_s"] < 300  # all six submissions
+    assert graded["autograde_s"] < 300  # all seven submissions
