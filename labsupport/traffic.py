@@ -70,7 +70,8 @@ def tcp_totals() -> tuple[int, int]:
         with sock:
             if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
                 continue
-            out, into = tcp_info_bytes(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE))
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+            out, into = tcp_info_bytes(info)
             sent += out
             received += into
     return sent, received
