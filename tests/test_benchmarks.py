@@ -27,7 +27,7 @@ def _bench(*args, timeout=300):
     (("collectives", "--world-sizes", "2", "--max-mib", "1", "--repeats", "1", "--backend", "gloo"),
      rf"busbw_GBps_all_reduce_w2={NUMBER} .*busbw_GBps_reduce_w2={NUMBER}"),
     (("launcher", "--world-sizes", "2", "--repeats", "1"),
-     rf"startup_ratio={NUMBER} noop_ms_w4={NUMBER} recover_s_w4={NUMBER} allreduce_ratio={NUMBER}"),
+     rf"startup_ratio={NUMBER} noop_ms_w2={NUMBER} recover_s_w2={NUMBER} allreduce_ratio={NUMBER}"),
     (("ddp", "--world-sizes", "2", "--rounds", "1", "--steps", "2", "--width", "32", "--depth", "2"),
      rf"naive_w2={NUMBER} overlapped_w2={NUMBER} bucketed_w2={NUMBER}"),
     (("pipeline", "--world-sizes", "2", "--ms", "2", "--runs", "1", "--width", "64", "--rows", "8"),

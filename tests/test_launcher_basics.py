@@ -60,12 +60,18 @@ def test_ranks_use_the_kernels_interpreter_environment_and_directory(cluster, mo
     assert info == [(sys.executable, "42", str(tmp_path), str(r), "2") for r in range(2)]
 
 
-def test_ranks_are_fresh_interpreters_not_forks_of_the_kernel(cluster):
+def test_ranks_are_fresh_interpreters_not_forks_of_the_kernel():
     # The ranks are forked from a separate server process, never from this one, so
     # state of this process (and, on GPU machines, its CUDA context) is not inherited.
-    sys.modules[__name__]._kernel_only_marker = True
-    parents = cluster.run(lambda: (os.getppid(), "_kernel_only_marker" in dir(sys.modules.get(__name__))))
-    assert all(ppid != os.getpid() and not marker for ppid, marker in parents)
+    # The marker is set on `sys` (present in every interpreter) before the group
+    # starts: a rank forked from this process would see it.
+    sys._kernel_only_marker = True
+    try:
+        with ls.start(world_size=2) as c:
+            parents = c.run(lambda: (os.getppid(), hasattr(sys, "_kernel_only_marker")))
+    finally:
+        del sys._kernel_only_marker
+    assert all(ppid != os.getpid() and not marker for ppid, marker in parents), parents
 
 
 def test_cpu_ranks_split_the_cores():

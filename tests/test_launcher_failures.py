@@ -36,7 +36,8 @@ def test_an_exception_on_one_rank_is_reported_within_2s_naming_it(cluster):
     text = str(err)
     assert text.startswith("rank 1 raised ValueError: rank one is broken")
     assert 'raise ValueError("rank one is broken")' in text  # the remote source line
-    assert "line 25, in raise_on_rank_1_while_others_wait" in text
+    assert "line 24, in raise_on_rank_1_while_others_wait" in text  # rank 1's raise
+    assert "line 25, in raise_on_rank_1_while_others_wait" in text  # where the others wait
     assert "ranks 0, 2, 3 stopped here" in text and "dist.all_reduce(torch.ones(1))" in text
     assert isinstance(err.exception(1), ValueError)
 

@@ -13,6 +13,7 @@ needs_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 CUDA GPUs, {GPUS} vis
                                 "path is checked only on GPU machines (CI has none)")
 
 
+@pytest.mark.gpu
 @needs_gpus
 def test_auto_picks_nccl_with_one_gpu_per_rank_even_after_cuda_was_used_here():
     torch.ones(1, device="cuda")  # the kernel initialises CUDA first (fork-based launchers break)
@@ -30,6 +31,7 @@ def test_auto_picks_nccl_with_one_gpu_per_rank_even_after_cuda_was_used_here():
     assert all(r[2].device.type == "cpu" and r[2].tolist() == [3.0] * 4 for r in results)
 
 
+@pytest.mark.gpu
 @needs_gpus
 def test_more_ranks_than_gpus_falls_back_to_gloo_with_a_notice(capsys, monkeypatch):
     monkeypatch.setattr(launcher, "_notices_shown", set())
@@ -48,3 +50,15 @@ def test_auto_without_enough_gpus_is_gloo_on_cpu_with_a_one_line_notice_once(cap
     with ls.start(world_size=GPUS + 2):
         pass
     assert capsys.readouterr().out == "", "the notice is shown once per kernel"
+
+
+def test_placement_on_a_machine_with_four_gpus(monkeypatch):
+    # The decision alone, on any machine: what a 4-GPU JupyterHub node would get.
+    monkeypatch.setattr(backend, "visible_gpus", lambda: 4)
+    on_gpus = backend.place(2)
+    assert (on_gpus.backend, on_gpus.devices, on_gpus.notice) == ("nccl", ("cuda:0", "cuda:1"), None)
+    too_many = backend.place(5)
+    assert too_many.backend == "gloo" and too_many.devices == ("cpu",) * 5
+    assert too_many.notice == "labsupport: ranks run on gloo (CPU): only 4 GPU(s) visible"
+    with pytest.raises(ValueError, match=r"world_size=5 but 4 GPU\(s\) visible .*use world_size<=4, or use backend='gloo'"):
+        backend.place(5, backend="nccl")
