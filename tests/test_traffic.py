@@ -134,6 +134,42 @@ def test_collective_wire_bytes_match_the_formula(cluster):
                 assert abs(counted - expected) <= HEADERS, (name, counted, expected)
 
 
+def _rooted_and_all_to_all(nbytes):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    big = torch.ones(nbytes // 4)
+    share = big[: big.numel() // n].clone()
+    on_root = list(big.chunk(n)) if rank == 0 else None
+    counts = {}
+    for name, fn in (("broadcast", lambda: dist.broadcast(big, src=0)),
+                     ("scatter", lambda: dist.scatter(share, on_root, src=0)),
+                     ("gather", lambda: dist.gather(share, on_root, dst=0)),
+                     ("reduce", lambda: dist.reduce(big, dst=0)),
+                     ("all_to_all", lambda: dist.all_to_all_single(big.clone(), big))):
+        t = _counted(fn)
+        counts[name] = (t.wire_sent, t.wire_received)
+    return counts
+
+
+def _rooted_formula(name, rank, n, s):
+    """(sent, received) by rank for gloo's algorithms (chapter 1's table), root 0."""
+    share, root, rest = s // n, rank == 0, s - s // n
+    children = sum(1 for k in range(n.bit_length()) if 2**k > rank and rank + 2**k < n)
+    return {"broadcast": (children * s, 0 if root else s),       # binomial tree
+            "scatter": (rest if root else 0, 0 if root else share),
+            "gather": (0 if root else share, rest if root else 0),
+            "reduce": (rest if root else s, 2 * rest if root else rest),  # reduce-scatter, gather
+            "all_to_all": (rest, rest)}[name]
+
+
+def test_rooted_collectives_and_all_to_all_match_their_formulas(cluster):
+    n = cluster.world_size
+    for rank, counts in enumerate(cluster.run(_rooted_and_all_to_all, BIG)):
+        for name, counted in counts.items():
+            expected = _rooted_formula(name, rank, n, BIG)
+            for c, e in zip(counted, expected):
+                assert abs(c - e) <= 2 * HEADERS, (name, rank, counted, expected)
+
+
 def test_patching_is_undone_when_the_block_ends_or_raises():
     originals = {name: getattr(dist, name) for name in traffic._P2P}
     with traffic.count():
