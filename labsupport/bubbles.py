@@ -68,9 +68,10 @@ def _row(schedule, p, m, v, events, peaks, cpu):
                  for e in events if e["lane"] == "compute"}
     replay = pipeline_sim.ideal_events(schedule, p, m, v, durations=durations)
     measured = timeline.bubble(events)
+    formula = pipeline_sim.bubble_formula(p, m, v)
     name = SCHEDULE_NAMES.get(schedule.__name__, schedule.__name__)
     return dict(schedule=name, p=p, m=m, v=v, fn=schedule, events=events, peaks=peaks,
-                formula=pipeline_sim.bubble_formula(p, m, v)["fraction"],
+                formula=formula["fraction"], formula_ratio=formula["ratio"],
                 replay=timeline.bubble(replay)["fraction"], measured=measured["fraction"],
                 measured_ratio=measured["ratio"], t_f=_mean(events, "F"), t_b=_mean(events, "B"),
                 cpu_share=sum(cpu) / sum(measured["busy"]))
@@ -86,16 +87,23 @@ def within(row, tolerance=0.10) -> bool:
 
 
 def table(rows, title="Bubble: fraction of the wall time", tolerance=0.10):
-    """A plotly table of measured rows (show with ``ls.plots.show(fig, measured=True)``)."""
+    """A plotly table of measured rows (show with ``ls.plots.show(fig, measured=True)``).
+
+    The bubble twice: as a fraction of the wall time (formula (p-1)/(vm+p-1),
+    replay, measured) and as idle time over ideal compute (formula (p-1)/(vm),
+    measured)."""
     import plotly.graph_objects as go
 
-    header = ["schedule", "p", "m", "v", "formula", "replay", "measured",
-              "measured / formula", f"within {tolerance:.0%}", "CPU share"]
+    header = ["schedule", "p", "m", "v", "fraction: formula", "replay", "measured",
+              "measured / formula", f"within {tolerance:.0%}", "idle/compute: formula",
+              "measured", "CPU share"]
     cells = [[r["schedule"] for r in rows], [r["p"] for r in rows], [r["m"] for r in rows],
              [r["v"] for r in rows], [f"{r['formula']:.3f}" for r in rows],
              [f"{r['replay']:.3f}" for r in rows], [f"{r['measured']:.3f}" for r in rows],
              [f"{r['measured'] / r['formula']:.2f}" for r in rows],
              ["yes" if within(r, tolerance) else "no" for r in rows],
+             [f"{r['formula_ratio']:.3f}" for r in rows],
+             [f"{r['measured_ratio']:.3f}" for r in rows],
              [f"{min(r['cpu_share'], 1):.0%}" for r in rows]]
     fig = go.Figure(go.Table(header=dict(values=header), cells=dict(values=cells)))
     fig.update_layout(title=title, height=120 + 28 * len(rows), margin=dict(t=60, b=10))

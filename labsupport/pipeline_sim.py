@@ -127,21 +127,24 @@ def stash_formula(schedule: str, p: int, m: int, v: int = 1, rank: int = 0) -> i
 # --- the explorer: every (schedule, p, v, m) of a small grid, drawn in advance ---
 
 def explorer(schedules: dict, ps=(2, 4, 8), ms=(1, 2, 4, 8, 16), start=(0, 0),
-             max_bars=128):
+             max_bars=128, measured=()):
     """A plotly figure: a menu picks schedule and p, a slider picks m; bubbles in the title.
 
     ``schedules`` maps a label to ``(schedule function, v)``. Every view is
     computed here, so the figure works in the static book with no kernel:
     the menu swaps in a slider listing that group's m values. ``start`` is
     the (group, m) index shown first; views of more than ``max_bars`` bars
-    (2·p·v·m) are left out to keep the page light.
+    (2·p·v·m) are left out to keep the page light. ``measured``: rows of
+    ``bubbles.measure``; a view of a configuration that was run shows the
+    measured bubble beside the formula's.
     """
     import plotly.graph_objects as go
 
+    runs = {(r["fn"], r["p"], r["m"], r["v"]): r for r in measured}
     fig, groups = go.Figure(), []
     for label, (fn, v) in schedules.items():
         for p in ps:
-            views = [_add_view(fig, fn, p, m, v, label) for m in ms
+            views = [_add_view(fig, fn, p, m, v, label, runs.get((fn, p, m, v))) for m in ms
                      if 2 * p * v * m <= max_bars and _valid(fn, p, m, v)]
             if views:
                 groups.append((f"{label}, p={p}", p, views))
@@ -174,16 +177,21 @@ def _valid(fn, p, m, v):
         return False
 
 
-def _add_view(fig, fn, p, m, v, label):
-    """Two bar traces (forwards, backwards) of one ideal schedule: (their indices, title, m)."""
+def _add_view(fig, fn, p, m, v, label, run=None):
+    """Two bar traces (forwards, backwards) of one ideal schedule: (their indices, title, m).
+
+    ``run``: the measured row of this configuration, if it was run."""
     events = ideal_events(fn, p, m, v, t_f=1.0 / p, t_b=2.0 / p)
     first = len(fig.data)
     for trace in _bars(events, row=lambda e: e["rank"]):
         fig.add_trace(trace)
     f = bubble_formula(p, m, v)
     title = (f"{label}, p={p}, m={m}<br><sub>bubble: {f['fraction']:.0%} of the wall "
-             f"time, {f['ratio']:.0%} of the compute</sub>")
-    return [first, first + 1], title, m
+             f"time, {f['ratio']:.0%} of the compute")
+    if run is not None:
+        title += (f"; measured in this run: {run['measured']:.0%} and "
+                  f"{run['measured_ratio']:.0%}")
+    return [first, first + 1], title + "</sub>", m
 
 
 KINDS = {"F": ("forward", "#0072B2"), "B": ("backward", "#009E73"),

@@ -203,6 +203,17 @@ def test_measure_gives_a_row_with_the_formula_and_a_table(cluster):
     assert bubbles.within(dict(row, measured=1.09 * f))
     assert not bubbles.within(dict(row, measured=1.11 * f))
     assert len(bubbles.table([row]).data[0].cells.values[0]) == 1
+    header = list(bubbles.table([row]).data[0].header.values)
+    cells = [c[0] for c in bubbles.table([row]).data[0].cells.values]
+    ratio = cells[header.index("idle/compute: formula")]
+    assert float(ratio) == pytest.approx((p - 1) / 4, abs=1e-3)  # (p-1)/(v·m)
+    assert float(cells[header.index("idle/compute: formula") + 1]) == pytest.approx(
+        row["measured_ratio"], abs=1e-3)
+    shown = pipeline_sim.explorer({"1F1B": (pipeline.train_step_1f1b, 1)}, ps=(p,), ms=(2, 4),
+                                  measured=[row])
+    titles = [s["args"][1]["title.text"] for s in shown.layout.sliders[0].steps]
+    assert "measured" not in titles[0]  # m=2 was not run
+    assert f"measured in this run: {row['measured']:.0%} and {row['measured_ratio']:.0%}" in titles[1]
     assert len(bubbles.versus_m([row]).data) == 2
     assert "recorded, then ideal" in bubbles.gantt_pair(row).layout.title.text
     with pytest.raises(ValueError, match="runs >= 1"):

@@ -58,6 +58,9 @@ def test_sanitizer_masks_durations_and_keeps_the_rest():
     assert sanitize("1,000 sizes: took 4.6 ms") == sanitize("1,000 sizes: took 12 ms")
     assert sanitize("took 3 \u00b5s") == "took <DURATION>"
     assert sanitize("10 sizes: took 4 ms") != sanitize("20 sizes: took 4 ms")
+    assert sanitize("m=8, measured in this run: 34% and 51%") == \
+        sanitize("m=8, measured in this run: 29% and 40%")
+    assert sanitize("bubble: 27% of the wall time") == "bubble: 27% of the wall time"
 
 
 def test_use_book_renderer_is_idempotent_and_default():

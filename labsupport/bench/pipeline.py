@@ -6,8 +6,10 @@
 For each schedule (naive, GPipe, 1F1B, interleaved 1F1B with v=2), world
 size and number of micro-batches m, it prints the bubble as a fraction of
 the wall time: the formula (p-1)/(v·m+p-1), the replay (the run's own
-compute durations with free messages) and the measured one, their ratio,
-whether it is within the tolerance, and the CPU share the ranks got. Each
+compute durations with free messages) and the measured one, their ratio
+(m/f), whether it is within the tolerance, the bubble as idle time over
+ideal compute (formula (p-1)/(v·m) / measured), and the CPU share the ranks
+got. Each
 configuration is run ``--runs`` times; the least disturbed run is kept.
 Ranks get one thread each: with more ranks than cores they share the cores,
 and the measurement says so (CPU share < 100%).
@@ -40,7 +42,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     kw = dict(d_in=32, width=args.width, depth=9, d_out=8, seed=0)
     print(f"{'schedule':>12} {'p':>2} {'m':>2} {'v':>2} {'formula':>8} {'replay':>8} "
-          f"{'measured':>8} {'ratio':>6} {'within':>7} {'CPU':>5}")
+          f"{'measured':>8} {'m/f':>6} {'within':>7} {'idle/compute':>13} {'CPU':>5}")
     start, matched, total = time.perf_counter(), 0, 0
     for p in args.world_sizes:
         cluster = ls.start(world_size=p, threads=1)
@@ -50,7 +52,8 @@ def main(argv=None):
             matched, total = matched + ok, total + 1
             print(f"{r['schedule']:>12} {p:2d} {m:2d} {v:2d} {r['formula']:8.3f} "
                   f"{r['replay']:8.3f} {r['measured']:8.3f} {r['measured'] / r['formula']:6.2f} "
-                  f"{'yes' if ok else 'no':>7} {min(r['cpu_share'], 1):5.0%}", flush=True)
+                  f"{'yes' if ok else 'no':>7} {r['formula_ratio']:6.3f}/{r['measured_ratio']:.3f} "
+                  f"{min(r['cpu_share'], 1):5.0%}", flush=True)
     ls.shutdown()
     print(f"{matched} of {total} configurations within {args.tolerance:.0%} of the formula; "
           f"took {time.perf_counter() - start:.0f} s")
