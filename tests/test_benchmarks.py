@@ -25,7 +25,7 @@ def _bench(*args, timeout=300):
     (("ring", "--world-sizes", "2", "--max-mib", "1", "--repeats", "1", "--backend", "gloo"),
      rf"ring_busbw_ratio_1MiB={NUMBER}"),
     (("collectives", "--world-sizes", "2", "--max-mib", "1", "--repeats", "1", "--backend", "gloo"),
-     rf"busbw_GBps_all_reduce_w2={NUMBER} .*busbw_GBps_reduce_w2={NUMBER}"),
+     rf"busbw_GBps_all_reduce_w2={NUMBER} .*busbw_GBps_sendrecv_w2={NUMBER}"),
     (("launcher", "--world-sizes", "2", "--repeats", "1"),
      rf"startup_ratio={NUMBER} noop_ms_w2={NUMBER} recover_s_w2={NUMBER} allreduce_ratio={NUMBER}"),
     (("ddp", "--world-sizes", "2", "--rounds", "1", "--steps", "2", "--width", "32", "--depth", "2"),

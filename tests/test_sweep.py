@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("kind, n, factor", [
     ("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_gather", 4, 0.75),
     ("reduce_scatter", 2, 0.5), ("all_to_all", 4, 0.75), ("broadcast", 4, 1.0),
-    ("reduce", 8, 1.0)])
+    ("reduce", 8, 1.0), ("scatter", 4, 0.75), ("gather", 2, 0.5), ("sendrecv", 4, 1.0)])
 def test_busbw_factors_are_nccl_tests(kind, n, factor):
     assert sweep.busbw_factor(kind, n) == factor
 
@@ -110,6 +110,32 @@ def test_run_times_every_collective_and_a_hand_written_one(cluster, capfd):
         assert r.algbw == pytest.approx(r.nbytes / r.seconds)
         assert r.busbw == pytest.approx(r.algbw * sweep.busbw_factor(kind, 2))
     assert "Warning" not in capfd.readouterr().err  # no deprecated API on the ranks
+
+
+def _counted_op(tensor):
+    """An op that counts its calls on the rank; its 2nd call (the first timed one) is slow."""
+    import sys
+    import time
+    sys._sweep_calls = getattr(sys, "_sweep_calls", 0) + 1
+    if sys._sweep_calls == 2:
+        time.sleep(0.5)
+
+
+def _calls_on_ranks(cluster, reset=False):
+    return cluster.run(lambda: __import__("sys").__dict__.pop("_sweep_calls", 0) if reset
+                       else __import__("sys")._sweep_calls)
+
+
+def test_run_warms_up_then_keeps_the_median_of_the_repeats(cluster):
+    _calls_on_ranks(cluster, reset=True)
+    big = sweep.BATCH_BYTES  # one call per timed batch
+    rows = sweep.run(cluster, {"op": _counted_op}, [big], warmup=1, repeats=3)
+    assert _calls_on_ranks(cluster, reset=True) == [1 + 3] * 2
+    assert rows[0].seconds < 0.1  # the median of (0.5 s, ~0, ~0), not their mean
+    small = 4096  # small sizes are timed in batches of calls in a row
+    sweep.run(cluster, {"op": _counted_op}, [small], warmup=2, repeats=2)
+    batch = min(sweep.MAX_BATCH, sweep.BATCH_BYTES // small)
+    assert _calls_on_ranks(cluster, reset=True) == [2 + 2 * batch] * 2
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

@@ -15,8 +15,8 @@ Conventions of nccl-tests (doc/PERFORMANCE.md): S is the size of the largest
 buffer (the output of all-gather, the input of reduce-scatter), t the time of
 one call on the slowest rank, algbw = S/t, and busbw = algbw times a factor
 that makes it comparable with the link's speed whatever N: 2(N-1)/N for
-all-reduce, (N-1)/N for all-gather, reduce-scatter and all-to-all, 1 for
-broadcast and reduce. Each size gets warm-up calls, then the median of the
+all-reduce, (N-1)/N for all-gather, reduce-scatter, all-to-all, scatter and
+gather, 1 for broadcast, reduce and sendrecv (a shift round the ring). Each size gets warm-up calls, then the median of the
 repeats (a repeat of a small size times a batch of calls in a row, as
 nccl-tests does); ops given together take turns, so they share the load.
 """
@@ -32,6 +32,9 @@ BUSBW_FACTOR = {  # N -> factor (nccl-tests, doc/PERFORMANCE.md)
     "all_to_all": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
     "reduce": lambda n: 1.0,
+    "scatter": lambda n: (n - 1) / n,
+    "gather": lambda n: (n - 1) / n,
+    "sendrecv": lambda n: 1.0,  # every rank sends S right and receives S from the left
 }
 COLLECTIVES = tuple(BUSBW_FACTOR)
 # Small messages are timed in batches of back-to-back calls (nccl-tests times
@@ -117,17 +120,19 @@ def measure(ops, nbytes_list, warmup, repeats, dtype=None) -> dict:
 def make_call(op, nbytes, dtype, device):
     """A no-argument function that runs op once on buffers of S = nbytes.
 
-    For all-gather, reduce-scatter and all-to-all S is rounded down to N
-    equal shares (at least one element each).
+    For the collectives that split S between the ranks, S is rounded down to
+    N equal shares (at least one element each).
     """
     import torch
     import torch.distributed as dist
 
     n, numel = dist.get_world_size(), max(nbytes // dtype.itemsize, 1)
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+    rank, right, left = dist.get_rank(), (dist.get_rank() + 1) % n, (dist.get_rank() - 1) % n
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "scatter", "gather"):
         numel = max(numel // n, 1) * n  # N equal shares
     big = torch.ones(numel, dtype=dtype, device=device)
     small, out = big[: numel // n].clone(), torch.empty_like(big)
+    shares = list(big.chunk(n)) if rank == 0 else None  # the root's N shares
     sync = torch.cuda.synchronize if big.is_cuda else (lambda: None)
     call = {
         "all_reduce": lambda: dist.all_reduce(big),
@@ -136,6 +141,10 @@ def make_call(op, nbytes, dtype, device):
         "all_to_all": lambda: dist.all_to_all_single(out, big),
         "broadcast": lambda: dist.broadcast(big, src=0),
         "reduce": lambda: dist.reduce(big, dst=0),
+        "scatter": lambda: dist.scatter(small, shares, src=0),
+        "gather": lambda: dist.gather(small, shares, dst=0),
+        "sendrecv": lambda: [w.wait() for w in dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, big, right), dist.P2POp(dist.irecv, out, left)])],
     }.get(op) if not callable(op) else (lambda: op(big))
 
     def run_once():
