@@ -8,18 +8,23 @@ import time
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(expected_ppid: int, watchdog_period: float | None = None):
+def die_with_parent(expected_ppid: int, watchdog_period: float | None = None,
+                    pdeathsig: bool = True):
     """Exit when the parent exits, even if it is killed with SIGKILL.
 
     The kernel asks for SIGKILL at its death (prctl PR_SET_PDEATHSIG). That
     signal is tied to the parent *thread*, and is lost if the parent died
     before the call, so the parent PID is checked right after, and, with a
-    ``watchdog_period``, again by a daemon thread.
+    ``watchdog_period``, again by a daemon thread. ``pdeathsig=False`` when
+    the parent thread may end before the parent process (a child started
+    from a short-lived thread): then only the parent PID is watched.
     """
     try:
+        if not pdeathsig:
+            raise OSError("parent-death signal not wanted")
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except OSError:  # not Linux/glibc: the watchdog still works
+    except OSError:  # not Linux/glibc, or not wanted: the watchdog still works
         watchdog_period = watchdog_period or 0.5
     if os.getppid() != expected_ppid:
         os._exit(1)

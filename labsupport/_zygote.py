@@ -105,8 +105,10 @@ class Zygote:
 
 
 def main():
-    ctrl_fd, kernel_pid = int(sys.argv[1]), int(sys.argv[2])
-    die_with_parent(kernel_pid)
+    ctrl_fd, kernel_pid, from_main_thread = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+    # Started from another thread, the parent-death signal would come when that
+    # thread ends; serve() checks the parent PID every 0.5 s in any case.
+    die_with_parent(kernel_pid, pdeathsig=from_main_thread)
     # The kernel may catch SIGINT for its own process group; we are in our own
     # session, but ignore it anyway: only the kernel decides when ranks stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

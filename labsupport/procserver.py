@@ -41,9 +41,13 @@ class ProcessServer:
         self.log_path = os.path.join(self.dir, "server.log")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
+        # The parent-death signal follows the thread that started the server:
+        # only the main thread lives as long as the kernel.
+        main_thread = str(int(threading.current_thread() is threading.main_thread()))
         with open(self.log_path, "wb") as log, theirs:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "labsupport._zygote", str(theirs.fileno()), str(os.getpid())],
+                [sys.executable, "-m", "labsupport._zygote", str(theirs.fileno()), str(os.getpid()),
+                 main_thread],
                 pass_fds=[theirs.fileno()], start_new_session=True, env=env,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         self.pid = self._receive("ready", START_TIMEOUT)[1]

@@ -126,6 +126,25 @@ def test_a_busy_rank_dies_with_a_killed_kernel_too():
         k.close()
 
 
+def test_a_group_started_from_a_thread_outlives_the_thread_but_not_the_kernel():
+    # The parent-death signal follows the thread that started the process
+    # server: a group started from a short-lived thread must not die with it.
+    k = Kernel()
+    try:
+        status, _, err, _, _ = k.execute(
+            "import threading, time\nimport labsupport as ls\n"
+            "t = threading.Thread(target=ls.start, kwargs=dict(world_size=2))\n"
+            "t.start(); t.join(); time.sleep(1.5)")
+        assert status == "ok", err
+        pids = k.group_pids()
+        assert len(pids) == 3, "the process server and two ranks"
+        assert k.value("ls.current().run(lambda: 7)") == [7, 7]
+        os.kill(k.km.provisioner.pid, signal.SIGKILL)
+        assert wait_gone(pids) == [], "still alive 5 s after the kernel was killed"
+    finally:
+        k.close()
+
+
 def test_a_failing_run_fails_the_cell_for_nbclient_papermill_and_nbval(tmp_path):
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python",
                                                            "display_name": "Python 3"}})
