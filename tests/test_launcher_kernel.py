@@ -189,6 +189,15 @@ def test_ranks_magic_errors_point_at_the_cell_line_and_restarts_are_announced(ke
     assert "restarted since the last %%ranks cell" in err and ename == "RankError"
 
 
+def test_ranks_magic_timeout_and_stream_options(kernel):
+    t0 = time.monotonic()
+    status, _, err, ename, _ = kernel.execute("%%ranks -t 1\nimport time\ntime.sleep(60)")
+    assert status == "error" and ename == "RankTimeout" and time.monotonic() - t0 < 15
+    status, out, err, _, _ = kernel.execute("%%ranks --stream\nprint('line', rank)")
+    assert status == "ok", err
+    assert sorted(out.splitlines()) == ["[rank0] line 0", "[rank1] line 1"]
+
+
 def test_ranks_magic_without_a_group_says_how_to_start_one():
     k = Kernel()
     try:
