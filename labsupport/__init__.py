@@ -13,14 +13,16 @@ from labsupport.errors import RankError, RankTimeout
 from labsupport.cluster import Cluster
 from labsupport.launcher import current, run, shutdown, start
 from labsupport.script import device, main
+from labsupport.your_turn import NotWritten
 
-__all__ = ["Cluster", "RankError", "RankTimeout", "current", "device", "main", "run",
-           "shutdown", "start"]
+__all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "current", "device", "main",
+           "run", "shutdown", "start"]
 
 # Submodules a chapter reaches as ``ls.<name>``, imported on first use so that
 # ``import labsupport`` stays light (it does not import torch by itself).
 _SUBMODULES = {"bench", "bubbles", "ddp", "ddp_probe", "diagrams", "grading", "models",
-               "pipeline", "pipeline_sim", "plots", "ring", "timeline", "traffic"}
+               "pipeline", "pipeline_sim", "plots", "ring", "timeline", "traffic",
+               "your_turn"}
 
 
 def __getattr__(name):

@@ -6,9 +6,11 @@ without touching the global random state, so a model made on rank 0, on rank
 parity checks compare against it with tight tolerances.
 """
 import contextlib
+import dataclasses
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -58,39 +60,128 @@ class DeepMLP(nn.Sequential):
         return [nn.Sequential(*blocks[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
-class TinyTransformerBlock(nn.Module):
-    """A pre-norm transformer block: x + Attn(LN(x)), then x + MLP(LN(x)).
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    """The shared decoder's sizes, in the book's alphabet (see book/conventions.md)."""
+    vocab_size: int = 256      # V
+    seq_len: int = 64          # s, the longest sequence (learned positions)
+    hidden: int = 64           # h
+    heads: int = 4             # a; each head has d = h / a features
+    layers: int = 2            # L
+    ffn: int = 0               # the MLP's inner width; 0 means 4h
+    dropout: float = 0.0       # after attention probabilities and each residual branch
+    tie_weights: bool = True   # the LM head reuses the token embedding (as GPT-2)
 
-    For the tensor- and sequence-parallel chapters. Attention is written out
-    (q, k, v projections, heads, scaled dot product, output projection) so it
-    can be split by heads. Shapes: (b, s, h) -> (b, s, h); a heads of d = h/a.
+    def __post_init__(self):
+        if min(self.vocab_size, self.seq_len, self.hidden, self.heads, self.layers) < 1:
+            raise ValueError(f"GPTConfig needs positive sizes, got {self}")
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden={self.hidden} must be divisible by heads={self.heads}")
+
+    @property
+    def ffn_hidden(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal attention, written out so it can be split by heads.
+
+    q, k and v are separate projections (column-parallel each, under tensor
+    parallelism) and the number of heads is read from the tensor, so a module
+    whose projections hold a/t heads runs unchanged. Shapes: (b, s, h) -> (b, s, h).
     """
 
-    def __init__(self, hidden=64, heads=4, ffn=256, causal=True, seed=0):
+    def __init__(self, cfg: GPTConfig):
         super().__init__()
-        if hidden % heads:
-            raise ValueError(f"hidden={hidden} must be divisible by heads={heads}")
-        self.heads, self.causal = heads, causal
-        with seeded(seed):
-            self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-            self.qkv = nn.Linear(hidden, 3 * hidden)
-            self.proj = nn.Linear(hidden, hidden)
-            self.fc1, self.fc2 = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
-
-    def attention(self, x):                                   # (b, s, h)
-        b, s, h = x.shape
-        q, k, v = self.qkv(x).split(h, dim=-1)                # 3 x (b, s, h)
-        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in (q, k, v))  # (b, a, s, d)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (b, a, s, s)
-        if self.causal:
-            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
-            scores = scores.masked_fill(mask, float("-inf"))
-        out = scores.softmax(-1) @ v                          # (b, a, s, d)
-        return self.proj(out.transpose(1, 2).reshape(b, s, h))
+        self.head_dim = cfg.hidden // cfg.heads
+        self.q, self.k, self.v = (nn.Linear(cfg.hidden, cfg.hidden) for _ in range(3))
+        self.o = nn.Linear(cfg.hidden, cfg.hidden)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):                                     # (b, s, h)
-        x = x + self.attention(self.ln1(x))
-        return x + self.fc2(torch.relu(self.fc1(self.ln2(x))))
+        b, s, _ = x.shape
+        q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+                   for p in (self.q, self.k, self.v))          # 3 x (b, a, s, d)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (b, a, s, s)
+        mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
+        probs = self.dropout(scores.masked_fill(mask, float("-inf")).softmax(-1))
+        out = (probs @ v).transpose(1, 2).reshape(b, s, -1)   # (b, s, h)
+        return self.o(out)
+
+
+class MLP(nn.Module):
+    """Linear(h, 4h), GELU, Linear(4h, h): column- then row-parallel under TP."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.hidden, cfg.ffn_hidden)
+        self.fc2 = nn.Linear(cfg.ffn_hidden, cfg.hidden)
+
+    def forward(self, x):                                     # (b, s, h)
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class DecoderBlock(nn.Module):
+    """Pre-LayerNorm block: x + drop(attn(ln1(x))), then x + drop(mlp(ln2(x)))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.hidden), nn.LayerNorm(cfg.hidden)
+        self.attn, self.mlp = CausalSelfAttention(cfg), MLP(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):                                     # (b, s, h)
+        x = x + self.dropout(self.attn(self.ln1(x)))
+        return x + self.dropout(self.mlp(self.ln2(x)))
+
+
+class GPT(nn.Module):
+    """The book's small GPT-style decoder, shared by chapters 0, 4, 6, 7 and 8.
+
+    Token and learned position embeddings, ``L`` pre-LayerNorm blocks, a final
+    LayerNorm and an LM head (tied to the token embedding by default). Built
+    under ``seed``, so every rank and the single-process reference hold the
+    same weights. ``model(ids)`` gives logits (b, s, V); ``model(ids, targets)``
+    the mean cross-entropy.
+    """
+
+    def __init__(self, cfg: GPTConfig = GPTConfig(), seed: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        with seeded(seed):
+            self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden)
+            self.pos = nn.Embedding(cfg.seq_len, cfg.hidden)
+            self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.layers))
+            self.ln_f = nn.LayerNorm(cfg.hidden)
+            self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+        if cfg.tie_weights:
+            self.lm_head.weight = self.tok.weight
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, ids, targets=None):                     # ids: (b, s) int64
+        s = ids.shape[1]
+        if s > self.cfg.seq_len:
+            raise ValueError(f"sequence of {s} tokens is longer than seq_len={self.cfg.seq_len}")
+        x = self.dropout(self.tok(ids) + self.pos(torch.arange(s, device=ids.device)))
+        for block in self.blocks:
+            x = block(x)                                      # (b, s, h)
+        logits = self.lm_head(self.ln_f(x))                   # (b, s, V)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def toy_tokens(batch=8, seq_len=64, vocab_size=256, seed=0):
+    """Token sequences with a learnable rule: (ids, targets), both (b, s) int64.
+
+    Each row counts from a random start in a random stride modulo V, so the next
+    token is predictable from the previous two; ``targets`` is ``ids`` shifted left.
+    """
+    with seeded(seed):
+        start = torch.randint(vocab_size, (batch, 1))
+        stride = torch.randint(1, 8, (batch, 1))
+    seq = (start + stride * torch.arange(seq_len + 1)) % vocab_size   # (b, s + 1)
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
 
 def toy_regression(n_samples=256, d_in=32, d_out=8, seed=0):

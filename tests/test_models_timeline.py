@@ -34,15 +34,36 @@ def test_stages_share_parameters_and_compose_to_the_model():
         model.stages(7)
 
 
-def test_transformer_block_is_causal_and_checks_its_sizes():
-    block = models.TinyTransformerBlock(hidden=16, heads=4, ffn=32)
-    x = torch.randn(2, 5, 16)
-    y = block(x)
-    x2 = x.clone()
-    x2[:, -1] += 1.0  # changing the last position must not change earlier outputs
-    torch.testing.assert_close(block(x2)[:, :-1], y[:, :-1])
+def test_decoder_is_causal_seeded_and_checks_its_sizes():
+    cfg = models.GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=4, layers=2)
+    model, same = models.GPT(cfg, seed=3), models.GPT(cfg, seed=3)
+    ids, targets = models.toy_tokens(batch=2, seq_len=8, vocab_size=32, seed=1)
+    logits = model(ids)
+    assert logits.shape == (2, 8, 32)
+    torch.testing.assert_close(same(ids), logits, rtol=0, atol=0)
+    ids2 = ids.clone()
+    ids2[:, -1] = (ids2[:, -1] + 1) % 32  # a change at the last position leaves earlier ones
+    torch.testing.assert_close(model(ids2)[:, :-1], logits[:, :-1], rtol=0, atol=0)
+    assert model.lm_head.weight is model.tok.weight  # tied: counted once
+    n = sum(p.numel() for p in model.parameters())
+    h, V, s, f = 16, 32, 8, 64
+    per_block = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 2 * 2 * h
+    assert n == V * h + s * h + 2 * per_block + 2 * h
+    loss = model(ids, targets)
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), targets.flatten()))
     with pytest.raises(ValueError, match="divisible by heads"):
-        models.TinyTransformerBlock(hidden=10, heads=4)
+        models.GPTConfig(hidden=10, heads=4)
+    with pytest.raises(ValueError, match="longer than seq_len"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_toy_tokens_follow_their_rule():
+    ids, targets = models.toy_tokens(batch=3, seq_len=6, vocab_size=10, seed=0)
+    assert ids.shape == targets.shape == (3, 6) and ids.dtype == torch.int64
+    torch.testing.assert_close(ids[:, 1:], targets[:, :-1])
+    step = (ids[:, 1] - ids[:, 0]) % 10
+    torch.testing.assert_close((ids[:, :-1] + step[:, None]) % 10, ids[:, 1:])
 
 
 def test_toy_data_and_shards():

@@ -1,0 +1,68 @@
+"""Bytes of training state: counted from real tensors, and the formulas beside them.
+
+Shared by the memory chapter (0), ZeRO (7) and the DeviceMesh planner (8), so
+that every chapter's calculator gives the same answer:
+
+    ls.memory.storage_bytes(model.parameters())        # counted: unique storages
+    ls.memory.model_state_bytes(psi, precision="mixed", zero_stage=2, dp=64)
+
+Formulas follow Rajbhandari et al., "ZeRO" (arXiv 1910.02054), Section 3.1 and
+Figure 1: with Adam, K = 12 bytes of optimizer state per parameter in mixed
+precision (fp32 master weights, momentum, variance), 2 + 2 bytes of 16-bit
+weights and gradients; in fp32 training the weights are their own master copy,
+so 4 + 4 + 8.
+"""
+import torch
+
+# Bytes per parameter of each category: (weights, gradients, optimizer state).
+PRECISIONS = {
+    "fp32": (4, 4, 8),          # fp32 weights and grads; Adam's m and v
+    "mixed": (2, 2, 12),        # bf16/fp16 weights and grads; fp32 master, m, v
+    "mixed_fp32_grads": (2, 4, 12),  # 16-bit weights, gradients accumulated in fp32
+}
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views and tied weights count once).
+
+    A tally of what is really allocated, not numel times itemsize: a slice of a
+    flat buffer counts the whole buffer, as the allocator does.
+    """
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), storage.device)
+        if key not in seen and storage.nbytes():
+            seen.add(key)
+            total += storage.nbytes()
+    return total
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of every tensor an optimizer keeps in its state (Adam: step, m, v)."""
+    return storage_bytes(v for state in optimizer.state.values()
+                         for v in state.values() if torch.is_tensor(v))
+
+
+def model_state_bytes(psi: int, precision: str = "mixed", zero_stage: int = 0,
+                      dp: int = 1) -> dict:
+    """Per-rank bytes of weights, gradients and optimizer state for ``psi`` parameters.
+
+    ZeRO stage 1 shards the optimizer state over the ``dp`` ranks, stage 2 also
+    the gradients, stage 3 also the weights (the paper's P_os, P_os+g, P_os+g+p).
+    Returns {"params", "grads", "optimizer", "total"} in bytes.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: use one of {sorted(PRECISIONS)}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage={zero_stage}: use 0 (plain data parallel), 1, 2 or 3")
+    if dp < 1 or psi < 0:
+        raise ValueError(f"need dp >= 1 and psi >= 0, got dp={dp}, psi={psi}")
+    w, g, k = PRECISIONS[precision]
+    share = [1 / dp if zero_stage >= stage else 1 for stage in (3, 2, 1)]
+    out = {"params": w * psi * share[0], "grads": g * psi * share[1],
+           "optimizer": k * psi * share[2]}
+    out["total"] = sum(out.values())
+    return out

@@ -1,0 +1,44 @@
+# Run: .venv/bin/python -m pytest tests/test_memory.py
+"""labsupport.memory: byte tallies of real tensors and the ZeRO paper's formulas."""
+import pytest
+import torch
+
+from labsupport import memory, models
+
+
+def test_storage_bytes_counts_distinct_storages():
+    a = torch.zeros(10)                       # 40 bytes
+    b = torch.zeros(3, dtype=torch.float64)   # 24 bytes
+    assert memory.storage_bytes([a, a[2:5], a.view(2, 5), b, None]) == 64
+    flat = torch.zeros(100)
+    assert memory.storage_bytes([flat[:10]]) == 400  # a slice keeps its whole buffer
+
+
+def test_tied_weights_count_once_and_adam_state_is_two_copies():
+    model = models.GPT(models.GPTConfig(vocab_size=32, seq_len=8, hidden=16, layers=1))
+    psi = sum(p.numel() for p in model.parameters())
+    assert memory.storage_bytes(model.parameters()) == 4 * psi
+    opt = torch.optim.AdamW(model.parameters())
+    ids, targets = models.toy_tokens(2, 8, 32)
+    model(ids, targets).backward()
+    opt.step()
+    assert memory.storage_bytes(p.grad for p in model.parameters()) == 4 * psi
+    steps = len(list(model.parameters())) * 4     # one fp32 `step` scalar per parameter
+    assert memory.optimizer_state_bytes(opt) == 8 * psi + steps
+
+
+def test_zero_paper_figure_1():
+    """7.5B parameters, N = 64, mixed-precision Adam (K = 12): 120, 31.4, 16.6, 1.88 GB."""
+    psi, gb = 7.5e9, 1e9
+    totals = [memory.model_state_bytes(psi, "mixed", stage, dp=64)["total"] / gb
+              for stage in range(4)]
+    assert [round(t, 2) for t in totals] == [120.0, 31.41, 16.64, 1.88]
+    assert memory.model_state_bytes(7e9, "mixed")["total"] / gb == 112  # the lectures' 7B
+    assert memory.model_state_bytes(1, "fp32")["total"] == 16
+
+
+def test_bad_arguments_say_what_to_use():
+    with pytest.raises(ValueError, match="use one of"):
+        memory.model_state_bytes(10, precision="fp8")
+    with pytest.raises(ValueError, match="use 0 .* 1, 2 or 3"):
+        memory.model_state_bytes(10, zero_stage=4)
