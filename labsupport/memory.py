@@ -5,6 +5,8 @@ that every chapter's calculator gives the same answer:
 
     ls.memory.storage_bytes(model.parameters())        # counted: unique storages
     ls.memory.model_state_bytes(psi, precision="mixed", zero_stage=2, dp=64)
+    with ls.memory.saved_tensors(exclude=model.parameters()) as saved:
+        loss = model(ids, targets)                      # saved.bytes: activations
 
 Formulas follow Rajbhandari et al., "ZeRO" (arXiv 1910.02054), Section 3.1 and
 Figure 1: with Adam, K = 12 bytes of optimizer state per parameter in mixed
@@ -12,6 +14,8 @@ precision (fp32 master weights, momentum, variance), 2 + 2 bytes of 16-bit
 weights and gradients; in fp32 training the weights are their own master copy,
 so 4 + 4 + 8.
 """
+import contextlib
+
 import torch
 
 # Bytes per parameter of each category: (weights, gradients, optimizer state).
@@ -66,3 +70,49 @@ def model_state_bytes(psi: int, precision: str = "mixed", zero_stage: int = 0,
            "optimizer": k * psi * share[2]}
     out["total"] = sum(out.values())
     return out
+
+
+class SavedTensors:
+    """What autograd saved for backward inside a :func:`saved_tensors` block."""
+
+    def __init__(self, exclude=()):
+        self._exclude = {t.untyped_storage().data_ptr() for t in exclude}
+        self.tensors: list[torch.Tensor] = []
+
+    def pack(self, tensor):
+        if tensor.untyped_storage().data_ptr() not in self._exclude:
+            self.tensors.append(tensor)
+        return tensor
+
+    @property
+    def bytes(self) -> int:
+        """Distinct storages saved (a tensor saved by two operations counts once)."""
+        return storage_bytes(self.tensors)
+
+
+@contextlib.contextmanager
+def saved_tensors(exclude=()):
+    """Record every tensor autograd saves for backward in the block (activations).
+
+    Uses ``torch.autograd.graph.saved_tensors_hooks``. Tensors sharing storage
+    with ``exclude`` (pass the model's parameters) are weights, not
+    activations, and are left out.
+    """
+    tally = SavedTensors(exclude)
+    with torch.autograd.graph.saved_tensors_hooks(tally.pack, lambda t: t):
+        yield tally
+
+
+def korthikanti_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1,
+                                 sp: bool = False) -> float:
+    """Activation bytes of one transformer layer, Korthikanti et al. 2022, Table 2.
+
+    16-bit activations, with dropout, no recomputation (arXiv 2205.05198, Eq. 1-3):
+    no parallelism sbh(34 + 5as/h); tensor parallel sbh(10 + 24/t + 5as/(ht));
+    tensor + sequence parallel sbh/t (34 + 5as/h).
+    """
+    if t == 1:
+        return s * b * h * (34 + 5 * a * s / h)
+    if sp:
+        return s * b * h / t * (34 + 5 * a * s / h)
+    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))

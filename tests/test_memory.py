@@ -42,3 +42,22 @@ def test_bad_arguments_say_what_to_use():
         memory.model_state_bytes(10, precision="fp8")
     with pytest.raises(ValueError, match="use 0 .* 1, 2 or 3"):
         memory.model_state_bytes(10, zero_stage=4)
+
+
+def test_saved_tensors_records_activations_not_weights():
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    with memory.saved_tensors(exclude=lin.parameters()) as saved:
+        y = torch.relu(lin(x))            # saves x (for W's grad) and relu's output
+    assert saved.bytes == 2 * 4 * 8 * 4
+    y.sum().backward()                    # the hooks let backward run as usual
+    assert lin.weight.grad is not None
+
+
+def test_korthikanti_table_2():
+    s, b, h, a = 2048, 1, 12288, 96       # GPT-3 175B's layer
+    none = memory.korthikanti_activation_bytes(s, b, h, a)
+    assert none == s * b * h * (34 + 5 * a * s / h)
+    tp = memory.korthikanti_activation_bytes(s, b, h, a, t=8)
+    sp = memory.korthikanti_activation_bytes(s, b, h, a, t=8, sp=True)
+    assert sp == none / 8 and sp < tp < none
