@@ -114,12 +114,15 @@ def versus_m(rows, title="Bubble vs number of micro-batches m"):
     """Measured bubble (markers) and formula (lines) against m, one colour per schedule."""
     import plotly.graph_objects as go
 
+    from labsupport.plots import PALETTE
+
     fig = go.Figure()
     groups = sorted({(r["schedule"], r["p"], r["v"]) for r in rows}, key=str)
     for k, (name, p, v) in enumerate(groups):
         mine = sorted((r for r in rows if (r["schedule"], r["p"], r["v"]) == (name, p, v)),
                       key=lambda r: r["m"])
-        label, colour = f"{name} p={p}" + (f" v={v}" if v > 1 else ""), _PALETTE[k % 8]
+        label = f"{name} p={p}" + (f" v={v}" if v > 1 else "")
+        colour = PALETTE[k % len(PALETTE)]
         fig.add_scatter(x=[r["m"] for r in mine], y=[r["formula"] for r in mine], name=label
                         + " formula", mode="lines", line=dict(color=colour, dash="dot"))
         fig.add_scatter(x=[r["m"] for r in mine], y=[r["measured"] for r in mine],
@@ -130,10 +133,6 @@ def versus_m(rows, title="Bubble vs number of micro-batches m"):
     return fig
 
 
-_PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442",
-            "#000000"]
-
-
 def gantt_pair(row, label=None):
     """The recorded timeline of ``row`` above its ideal (equal stages, the run's mean
     forward and backward times, free messages), on one time axis in ms."""
@@ -141,5 +140,5 @@ def gantt_pair(row, label=None):
     ideal = pipeline_sim.ideal_events(row["fn"], p, m, v, t_f=row["t_f"] * v, t_b=row["t_b"] * v)
     ideal = [dict(e, rank=f"{e['rank']} ideal") for e in ideal]
     title = label or f"{row['schedule']}, p={p}, m={m}" + (f", v={v}" if v > 1 else "")
-    return pipeline_sim.gantt(row["events"] + ideal, title=f"{title}: recorded, then ideal",
-                              scale=1e3, unit="time (ms)")
+    return timeline.gantt(row["events"] + ideal, title=f"{title}: recorded, then ideal",
+                          label=pipeline_sim.micro_batch, legend=pipeline_sim.KINDS)

@@ -3,7 +3,7 @@
     ops = orders(train_step_1f1b, p=4, m=8)          # per rank: [("F", s, i), ...]
     events = ideal_events(train_step_1f1b, p=4, m=8)  # timeline events, no run needed
     timeline.bubble(events)["fraction"]               # == (p-1)/(m+p-1)
-    gantt(events, "1F1B")                             # a compact Gantt chart
+    timeline.gantt(events, "1F1B", legend=KINDS, label=micro_batch, scale=1)  # its chart
     explorer({"1F1B": (train_step_1f1b, 1)})          # a menu and slider over p and m
 
 The schedule functions of ``labsupport.pipeline`` (or the notebook's copies)
@@ -15,9 +15,7 @@ formulas describe (GPipe, Huang et al. arXiv 1811.06965; interleaved 1F1B,
 Narayanan et al. arXiv 2104.04473 Sec. 2.2), and it finds deadlocks: a rank
 waiting for a message that no rank will send.
 """
-import numpy as np
-
-from labsupport.timeline import Timeline, merge
+from labsupport.timeline import Timeline, bars, merge
 
 
 class OrderRecorder:
@@ -183,66 +181,25 @@ def _add_view(fig, fn, p, m, v, label, run=None):
     ``run``: the measured row of this configuration, if it was run."""
     events = ideal_events(fn, p, m, v, t_f=1.0 / p, t_b=2.0 / p)
     first = len(fig.data)
-    for trace in _bars(events, row=lambda e: e["rank"]):
-        fig.add_trace(trace)
+    fig.add_traces(bars(events, row=lambda e: e["rank"], label=micro_batch, legend=KINDS))
     f = bubble_formula(p, m, v)
     title = (f"{label}, p={p}, m={m}<br><sub>bubble: {f['fraction']:.0%} of the wall "
              f"time, {f['ratio']:.0%} of the compute")
     if run is not None:
         title += (f"; measured in this run: {run['measured']:.0%} and "
                   f"{run['measured_ratio']:.0%}")
-    return [first, first + 1], title + "</sub>", m
+    return list(range(first, len(fig.data))), title + "</sub>", m
 
 
-KINDS = {"F": ("forward", "#0072B2"), "B": ("backward", "#009E73"),
-         "recv": ("waiting in recv", "#D55E00"), "send": ("posting a send", "#CC79A7")}
+# How the charts of pipelines show each kind of event (timeline.gantt's ``legend``)
+# (legend name, index of its colour in plots.PALETTE)
+KINDS = {"F": ("forward", 0), "B": ("backward", 2), "recv": ("waiting in recv", 3),
+         "send": ("posting a send", 4)}
 
 
-def _bars(events, row):
-    """One horizontal bar trace per kind of event (F, B, recv), labelled by micro-batch."""
-    import plotly.graph_objects as go
-
-    traces = []
-    for kind, (name, colour) in KINDS.items():
-        evs = [e for e in events if e["name"] == kind]
-        if evs or kind in "FB":
-            traces.append(go.Bar(  # numpy arrays: stored compactly (base64)
-                y=_compact([row(e) for e in evs]), base=[round(e["start"], 6) for e in evs],
-                x=np.array([e["end"] - e["start"] for e in evs], dtype="f4"), orientation="h",
-                width=0.8, text=[str(e.get("mb", "")) for e in evs], textangle=0,
-                textposition="inside", insidetextanchor="middle", name=name,
-                marker_color=colour, hovertemplate=f"{kind} %{{text}}<extra>%{{y}}</extra>"))
-    return traces
-
-
-def _compact(values):
-    """Integer rows as a small numpy array (stored as base64), labels as they are."""
-    return np.array(values, dtype="i1") if all(type(v) is int for v in values) else values
-
-
-def gantt(events, title, scale=1.0, unit="time"):
-    """A compact Gantt chart (one trace per kind of event) of ``events``.
-
-    A row per rank for its compute and one for its messages (waits in recv,
-    sends), in the order the ranks first appear; ``rank`` may be any label
-    (e.g. "0 ideal"). Times are multiplied by ``scale`` (1e3 for ms).
-    """
-    import plotly.graph_objects as go
-
-    def row(e):
-        return f"rank {e['rank']}" + ("" if e["lane"] == "compute" else " messages")
-
-    ranks = list(dict.fromkeys(e["rank"] for e in events))
-    present = {row(e) for e in events}
-    rows = [r for rank in ranks for r in (f"rank {rank}", f"rank {rank} messages")
-            if r in present]
-    scaled = [dict(e, start=e["start"] * scale, end=e["end"] * scale) for e in events]
-    fig = go.Figure(_bars(scaled, row))
-    fig.update_layout(title=title, barmode="overlay", height=140 + 32 * len(rows),
-                      uniformtext=dict(minsize=9, mode="hide"), xaxis_title=unit,
-                      yaxis=dict(categoryorder="array", categoryarray=rows,
-                                 autorange="reversed"))
-    return fig
+def micro_batch(event) -> str:
+    """The text on a pipeline chart's bar: its micro-batch (timeline.gantt's ``label``)."""
+    return str(event.get("mb", ""))
 
 
 def _visible(indices, n):

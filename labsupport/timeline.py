@@ -1,4 +1,4 @@
-"""Record what each rank does and when, and draw it as a Gantt chart.
+"""Record what each rank does and when, and draw it as a Gantt chart (the book's only one).
 
     tl = Timeline()                          # on a rank
     with tl.span("compute", "F", mb=0):      # a forward of micro-batch 0
@@ -83,34 +83,76 @@ def bubble(events: list[dict], lane: str = "compute") -> dict:
                 ratio=mean_idle / mean_busy if mean_busy else float("inf"))
 
 
-def gantt(events: list[dict], title: str = "Timeline", color_by: str = "name", label=None):
-    """A plotly Gantt chart: one row per rank (and lane), one bar per event.
+def gantt(events: list[dict], title: str = "Timeline", color_by: str = "name", label=None, *,
+          legend: dict | None = None, scale: float = 1e3, unit: str = "time (ms)"):
+    """The book's Gantt chart (plotly): a row per rank and lane, a bar per event.
 
-    ``label(event)`` gives the text on a bar (e.g. the micro-batch number).
-    Times are shown in milliseconds. Show with ``ls.plots.show(fig, measured=True)``.
+    ``color_by``: the event key whose value picks a bar's colour and legend
+    entry (one trace per value); ``label(event)``: the text on a bar (e.g.
+    the micro-batch); ``legend``: {value: (legend name, index into
+    plots.PALETTE)} for values with a fixed look, in legend order (the others
+    take the next colour). Times are multiplied by ``scale`` (seconds to ms by
+    default), on an axis titled ``unit``; ``rank`` may be any label (e.g. "0
+    ideal"). Show timings with ``ls.plots.show(fig, measured=True)``.
     """
     import plotly.graph_objects as go
 
-    fig, seen = go.Figure(), set()
-    for e in events:
-        key = e.get(color_by, e["name"])
-        row = f"rank {e['rank']}" + (f" {e['lane']}" if e["lane"] != "compute" else "")
-        fig.add_trace(go.Bar(
-            x=[(e["end"] - e["start"]) * 1e3], base=[e["start"] * 1e3], y=[row], orientation="h",
-            name=str(key), legendgroup=str(key), showlegend=key not in seen,
-            text=[label(e) if label else ""], textposition="inside", insidetextanchor="middle",
-            marker_color=_colour(key), hovertemplate=f"{e['name']}<extra>{row}</extra>"))
-        seen.add(key)
-    fig.update_layout(title=title, barmode="overlay", xaxis_title="time (ms)",
-                      yaxis=dict(autorange="reversed"), bargap=0.25,
-                      height=120 + 45 * len({(e["rank"], e["lane"]) for e in events}))
+    rows = [_row(rank, lane) for rank in dict.fromkeys(e["rank"] for e in events)
+            for lane in LANES if any(e["rank"] == rank and e["lane"] == lane for e in events)]
+    fig = go.Figure(bars(events, lambda e: _row(e["rank"], e["lane"]), color_by, label, legend,
+                         scale))
+    fig.update_layout(title=title, barmode="overlay", height=140 + 32 * len(rows),
+                      uniformtext=dict(minsize=9, mode="hide"), xaxis_title=unit,
+                      yaxis=dict(categoryorder="array", categoryarray=rows,
+                                 autorange="reversed"))
     return fig
 
 
-_PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442"]
+def _row(rank, lane) -> str:
+    return f"rank {rank}" + ("" if lane == "compute" else f" {lane}")
+
+
+def bars(events, row, color_by="name", label=None, legend=None, scale=1.0) -> list:
+    """The bars of a Gantt chart: one horizontal bar trace per value of ``color_by``.
+
+    ``row(event)`` places a bar (a label, or an int for a numeric axis); the
+    other arguments are ``gantt``'s. Values in ``legend`` come first, in its order.
+    """
+    import numpy as np
+    import plotly.graph_objects as go
+
+    from labsupport.plots import PALETTE
+
+    legend = legend or {}
+    keys = dict.fromkeys([*legend, *(e.get(color_by, e["name"]) for e in events)])
+    traces = []
+    for key in keys:
+        evs = [e for e in events if e.get(color_by, e["name"]) == key]
+        if not evs:
+            continue
+        name, colour = legend.get(key, (str(key), None))
+        colour = _colour(key) if colour is None else PALETTE[colour]
+        traces.append(go.Bar(  # numpy arrays: stored compactly (base64)
+            y=_compact([row(e) for e in evs]), base=[round(e["start"] * scale, 6) for e in evs],
+            x=np.array([(e["end"] - e["start"]) * scale for e in evs], dtype="f4"),
+            orientation="h", width=0.8, text=[str(label(e)) if label else "" for e in evs],
+            textangle=0, textposition="inside", insidetextanchor="middle", name=name,
+            marker_color=colour, hovertemplate=f"{key} %{{text}}<extra>%{{y}}</extra>"))
+    return traces
+
+
+def _compact(values):
+    """Integer rows as a small numpy array (stored as base64), labels as they are."""
+    import numpy as np
+
+    return np.array(values, dtype="i1") if all(type(v) is int for v in values) else values
+
+
 _assigned: dict = {}
 
 
 def _colour(key) -> str:
-    """One colour per distinct key, stable within the kernel."""
-    return _assigned.setdefault(str(key), _PALETTE[len(_assigned) % len(_PALETTE)])
+    """One colour of the book's palette per distinct key, the same in every chart of the kernel."""
+    from labsupport.plots import PALETTE
+
+    return _assigned.setdefault(str(key), PALETTE[len(_assigned) % len(PALETTE)])

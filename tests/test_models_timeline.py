@@ -129,5 +129,6 @@ def test_spans_and_gantt_from_real_ranks():
     assert [e["rank"] for e in events] == [0, 1] and min(e["start"] for e in events) == 0.0
     assert events[1]["start"] >= 0.005  # rank 1 started later, on the same clock
     fig = timeline.gantt(events, title="two ranks", label=lambda e: e["mb"])
-    assert len(fig.data) == 2 and fig.layout.title.text == "two ranks"
+    assert len(fig.data) == 1 and fig.layout.title.text == "two ranks"  # a trace per name
+    assert list(fig.data[0].y) == ["rank 0", "rank 1"] and list(fig.data[0].text) == ["0", "1"]
     ls.shutdown()

@@ -169,8 +169,10 @@ def test_replay_with_given_durations_and_the_charts():
     durations["F", 1, 0] = 3.0  # a slow last stage delays rank 1's whole pipeline
     events = pipeline_sim.ideal_events(pipeline.train_step_afab, 2, 2, durations=durations)
     assert max(e["end"] for e in events) == pytest.approx(1 + 3 + 1 + 1 + 1 + 1)
-    fig = pipeline_sim.gantt(events, "two ranks")
+    fig = timeline.gantt(events, "two ranks", legend=pipeline_sim.KINDS,
+                         label=pipeline_sim.micro_batch, scale=1)
     assert [t.name for t in fig.data] == ["forward", "backward"]
+    assert list(fig.data[0].text) == ["0", "1", "0", "1"]  # micro-batches, rank 0 then 1
     assert list(fig.layout.yaxis.categoryarray) == ["rank 0", "rank 1"]
 
 
