@@ -9,10 +9,11 @@ the book's offline plotly renderer.
 """
 import sys
 
-from labsupport.errors import RankError, RankTimeout
-from labsupport.cluster import Cluster
-from labsupport.launcher import current, run, shutdown, start
-from labsupport.script import device, main
+from labsupport.launch.cluster import Cluster
+from labsupport.launch.errors import RankError, RankTimeout
+from labsupport.launch.identity import device
+from labsupport.launch.session import current, run, shutdown, start
+from labsupport.launch.torchrun import main
 from labsupport.your_turn import NotWritten
 
 __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "current", "device", "main",
@@ -21,7 +22,7 @@ __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "current", "devi
 # Submodules a chapter reaches as ``ls.<name>``, imported on first use so that
 # ``import labsupport`` stays light (it does not import torch by itself).
 _SUBMODULES = {"bench", "bubbles", "ddp", "ddp_probe", "diagrams", "grading", "models",
-               "pipeline", "pipeline_sim", "plots", "ring", "timeline", "traffic",
+               "pipeline", "pipeline_sim", "plots", "ring", "sweep", "timeline", "traffic",
                "your_turn"}
 
 
@@ -33,8 +34,8 @@ def __getattr__(name):
 
 
 def load_ipython_extension(ip):
-    """``%load_ext labsupport``: the %%ranks magic and the rest of labsupport.ipython."""
-    from labsupport import ipython
+    """``%load_ext labsupport``: the %%ranks magic and the rest of labsupport.launch.ipython."""
+    from labsupport.launch import ipython
     ipython.setup(ip)
 
 

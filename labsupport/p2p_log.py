@@ -9,7 +9,7 @@ Why a file: a rank stuck in ``recv`` is stopped by the launcher at its
 deadline, and whatever it held in memory is lost with it. Each call is
 written (unbuffered, appended) before it starts and again when it ends, so
 the kernel can still say which message a stopped rank was waiting for,
-"rank 1 waited for rank 0's chunk 2" (``labsupport.deadlock``). Calls are
+"rank 1 waited for rank 0's chunk 2" (``labsupport.grading.deadlock``). Calls are
 recorded where torch.distributed is called through its module
 (``dist.recv(...)``), the way ``labsupport.traffic`` counts bytes.
 """

@@ -15,7 +15,7 @@ it calls :func:`check`, which runs a checking function (usually through
 The reference solution follows in a collapsed cell tagged ``solution``, and a
 second call of the same check runs it, so the built book shows it passing.
 """
-from labsupport.errors import RankError
+from labsupport.launch.errors import RankError
 
 
 class NotWritten(NotImplementedError):

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport import backend
+from labsupport.launch import limits, placement
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_ranks_are_fresh_interpreters_not_forks_of_the_kernel():
 
 def test_cpu_ranks_split_the_cores():
     with ls.start(world_size=2) as c:
-        expected = max(1, backend.cpu_count() // 2)
+        expected = max(1, limits.cpu_count() // 2)
         assert c.run(torch.get_num_threads) == [expected, expected]
     with ls.start(world_size=1, threads=1) as c:
         assert c.run(torch.get_num_threads) == [1]
@@ -135,7 +135,7 @@ def test_bad_world_size_is_refused_clearly(world_size, error, match):
 def test_unknown_backend_and_nccl_without_gpus_are_refused_clearly():
     with pytest.raises(ValueError, match="unknown backend 'mpi'.*'auto', 'gloo', 'nccl'"):
         ls.start(world_size=2, backend="mpi")
-    too_many = backend.visible_gpus() + 1
+    too_many = placement.visible_gpus() + 1
     with pytest.raises(ValueError, match=f"needs one GPU per rank: world_size={too_many}.*backend='gloo'"):
         ls.start(world_size=too_many, backend="nccl")
 
@@ -183,23 +183,23 @@ def _alive(pid):
 
 
 def test_stopped_groups_leave_no_files_behind():
-    from labsupport import procserver
+    from labsupport.launch import forkserver
     c = ls.start(world_size=2, timeout=2)
     c.run(print, "some output")
     with pytest.raises(ls.RankTimeout):  # a stopped generation, replaced in the background
         c.run(lambda: dist.recv(torch.zeros(1), src=1) if dist.get_rank() == 0 else None)
     c.shutdown()
-    assert os.listdir(procserver.get().dir) == ["server.log"]
+    assert os.listdir(forkserver.get().dir) == ["server.log"]
 
 
 def test_a_failed_start_is_one_clear_error_and_leaves_nothing_behind(monkeypatch):
-    from labsupport import procserver
+    from labsupport.launch import forkserver
     ls.shutdown()
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface0")  # gloo cannot start
     with pytest.raises(ls.RankError, match="ranks 0, 1 raised RuntimeError.*no-such-interface0") as info:
         ls.start(world_size=2)
     assert "fresh group" not in str(info.value)
     assert ls.current() is None
-    assert os.listdir(procserver.get().dir) == ["server.log"]
+    assert os.listdir(forkserver.get().dir) == ["server.log"]
     monkeypatch.delenv("GLOO_SOCKET_IFNAME")
     assert ls.start(world_size=2).run(lambda: 1) == [1, 1]

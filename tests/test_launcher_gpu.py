@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import labsupport as ls
-from labsupport import backend, launcher
+from labsupport.launch import placement, session
 
-GPUS = backend.visible_gpus()
+GPUS = placement.visible_gpus()
 needs_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 CUDA GPUs, {GPUS} visible: the NCCL "
                                 "path is checked only on GPU machines (CI has none)")
 
@@ -34,14 +34,14 @@ def test_auto_picks_nccl_with_one_gpu_per_rank_even_after_cuda_was_used_here():
 @pytest.mark.gpu
 @needs_gpus
 def test_more_ranks_than_gpus_falls_back_to_gloo_with_a_notice(capsys, monkeypatch):
-    monkeypatch.setattr(launcher, "_notices_shown", set())
+    monkeypatch.setattr(session, "_notices_shown", set())
     with ls.start(world_size=GPUS + 1) as cluster:
         assert cluster.backend == "gloo"
     assert f"only {GPUS} GPU(s) visible" in capsys.readouterr().out
 
 
 def test_auto_without_enough_gpus_is_gloo_on_cpu_with_a_one_line_notice_once(capsys, monkeypatch):
-    monkeypatch.setattr(launcher, "_notices_shown", set())
+    monkeypatch.setattr(session, "_notices_shown", set())
     with ls.start(world_size=GPUS + 1) as cluster:
         assert cluster.backend == "gloo"
         assert cluster.run(lambda: str(ls.device())) == ["cpu"] * (GPUS + 1)
@@ -54,11 +54,11 @@ def test_auto_without_enough_gpus_is_gloo_on_cpu_with_a_one_line_notice_once(cap
 
 def test_placement_on_a_machine_with_four_gpus(monkeypatch):
     # The decision alone, on any machine: what a 4-GPU JupyterHub node would get.
-    monkeypatch.setattr(backend, "visible_gpus", lambda: 4)
-    on_gpus = backend.place(2)
+    monkeypatch.setattr(placement, "visible_gpus", lambda: 4)
+    on_gpus = placement.place(2)
     assert (on_gpus.backend, on_gpus.devices, on_gpus.notice) == ("nccl", ("cuda:0", "cuda:1"), None)
-    too_many = backend.place(5)
+    too_many = placement.place(5)
     assert too_many.backend == "gloo" and too_many.devices == ("cpu",) * 5
     assert too_many.notice == "labsupport: ranks run on gloo (CPU): only 4 GPU(s) visible"
     with pytest.raises(ValueError, match=r"world_size=5 but 4 GPU\(s\) visible .*use world_size<=4, or use backend='gloo'"):
-        backend.place(5, backend="nccl")
+        placement.place(5, backend="nccl")

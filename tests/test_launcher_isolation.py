@@ -15,7 +15,7 @@ import pytest
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport import procserver
+from labsupport.launch import forkserver
 
 # One "kernel": waits for a go signal, starts 2 ranks, all-reduces, reports.
 KERNEL = r"""
@@ -52,7 +52,7 @@ def test_twenty_groups_started_at_once_never_collide(tmp_path):
 def test_ranks_listen_on_loopback_only_and_the_control_channel_has_no_port():
     cluster = ls.start(world_size=2)
     cluster.run(dist.barrier)  # gloo's connections are up
-    server = psutil.Process(procserver.get().pid)
+    server = psutil.Process(forkserver.get().pid)
     listeners = 0
     for proc in [server] + [psutil.Process(p) for p in cluster.pids]:
         for conn in proc.net_connections(kind="inet"):
@@ -63,14 +63,14 @@ def test_ranks_listen_on_loopback_only_and_the_control_channel_has_no_port():
                 assert conn.raddr.ip in ("127.0.0.1", "::1")
     assert listeners >= 2, "gloo's own listening sockets should have been seen and checked"
     assert server.net_connections(kind="inet") == [], "the process server uses no TCP at all"
-    mode = stat.S_IMODE(os.stat(procserver.get().dir).st_mode)
+    mode = stat.S_IMODE(os.stat(forkserver.get().dir).st_mode)
     assert mode == 0o700, f"the group's directory (store, output) must be private, not {oct(mode)}"
     ls.shutdown()
 
 
 def test_the_process_server_and_ranks_are_out_of_reach_of_the_kernels_group_signals():
     cluster = ls.start(world_size=2)
-    server_pid = procserver.get().pid
+    server_pid = forkserver.get().pid
     for pid in [server_pid] + cluster.pids:
         assert os.getpgid(pid) != os.getpgid(0), "Jupyter's SIGINT to the kernel's group must not hit it"
         assert os.getsid(pid) == server_pid
@@ -93,7 +93,7 @@ def test_cleanup_touches_only_this_groups_processes(tmp_path):
         with pytest.raises(ls.RankTimeout):
             cluster.run(lambda: time.sleep(30))
         ls.shutdown()
-        procserver.stop()
+        forkserver.stop()
         assert bystander.poll() is None
         assert all(psutil.pid_exists(p) for p in neighbour_pids)
         go.touch()

@@ -1,5 +1,5 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_sweep.py
-"""The collective benchmark helper (labsupport.bench.sweep) and
+"""The bandwidth sweep of collectives (labsupport.sweep) and
 the plot helpers of chapters 1-2 (labsupport.diagrams).
 
 No speed is asserted (machines are noisy): the tests check the conventions,
@@ -16,7 +16,7 @@ import torch
 
 import labsupport as ls
 from labsupport import diagrams, ring
-from labsupport.bench import sweep
+from labsupport import sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,17 +2,17 @@
 
     python -m labsupport.bench collectives [--world-sizes 2 4] [--max-mib 64] [--repeats 5]
 
-Uses ``labsupport.bench.sweep`` (nccl-tests' conventions: algbw = S/t,
+Uses ``labsupport.sweep`` (nccl-tests' conventions: algbw = S/t,
 busbw = algbw times the collective's factor). The last line is
 machine-readable: ``busbw_GBps_<op>_w<N>=<x>`` at the largest size.
 """
 import argparse
 
-from labsupport.bench import sweep
+from labsupport import sweep
 
 
 def main(argv):
-    import labsupport as ls
+    from labsupport.launch import session
 
     parser = argparse.ArgumentParser(prog="python -m labsupport.bench collectives")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
@@ -25,7 +25,7 @@ def main(argv):
     nbytes_list = sweep.sizes(1 << 10, args.max_mib << 20, step=4)
     rows = []
     for world_size in args.world_sizes:
-        with ls.start(world_size=world_size, backend=args.backend) as cluster:
+        with session.start(world_size=world_size, backend=args.backend) as cluster:
             for op in args.ops:  # one op at a time: each sweep is a sequence of sizes
                 rows += sweep.run(cluster, op, nbytes_list, warmup=2,
                                   repeats=args.repeats, timeout=600)

@@ -42,12 +42,12 @@ def _profile(wrap, sizes, batch, steps):
 
 
 def bench_world_size(world_size, args) -> dict:
-    import labsupport as ls
+    from labsupport.launch import session
     from labsupport import ddp_probe
 
     sizes = (args.d_in, args.width, args.depth, args.d_out)
     times = {name: [] for name in VERSIONS}
-    with ls.start(world_size=world_size, backend="gloo") as cluster:
+    with session.start(world_size=world_size, backend="gloo") as cluster:
         for _ in range(args.rounds):
             for name in VERSIONS:
                 results = cluster.run(_profile, _wrap(name, args.bucket_size), sizes,

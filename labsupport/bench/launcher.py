@@ -53,12 +53,17 @@ def measure_start(ws, repeats):
 
 
 def measure_noop(cluster, calls=300):
-    for _ in range(20):
-        cluster.run(_noop)
+    return _median_run_time(cluster, _noop, calls, warmup=20)
+
+
+def _median_run_time(cluster, fn, calls, warmup):
+    """Median seconds of ``cluster.run(fn)`` over ``calls`` calls, after ``warmup`` calls."""
+    for _ in range(warmup):
+        cluster.run(fn)
     times = []
     for _ in range(calls):
         t0 = time.perf_counter()
-        cluster.run(_noop)
+        cluster.run(fn)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -67,13 +72,13 @@ def measure_recover(cluster, repeats):
     """From the start of a call that fails (rank 1 raises while the others
     wait in a collective) to the end of the next successful call: detection,
     the error report, replacing the ranks and the next run, all included."""
-    import labsupport as ls
+    from labsupport.launch.errors import RankError
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         try:
             cluster.run(_fail_on_rank_1)
-        except ls.RankError:
+        except RankError:
             pass
         else:
             raise AssertionError("the failing benchmark call did not fail")
@@ -83,13 +88,7 @@ def measure_recover(cluster, repeats):
 
 
 def measure_allreduce(cluster, repeats=20):
-    cluster.run(_allreduce_4mib)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        cluster.run(_allreduce_4mib)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return _median_run_time(cluster, _allreduce_4mib, repeats, warmup=1)
 
 
 def _noop():
@@ -116,10 +115,10 @@ def _allreduce_4mib():
 
 
 def bench_world_size(ws, repeats):
-    import labsupport as ls
     from labsupport.bench import _bare
+    from labsupport.launch import session
     start, warm_start, spawn = measure_start(ws, repeats)
-    with ls.start(world_size=ws, backend="gloo") as cluster:
+    with session.start(world_size=ws, backend="gloo") as cluster:
         noop = measure_noop(cluster)
         pipe = _bare.pipe_round_trip(ws)
         recover = measure_recover(cluster, repeats)

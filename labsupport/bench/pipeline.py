@@ -17,8 +17,8 @@ and the measurement says so (CPU share < 100%).
 import argparse
 import time
 
-import labsupport as ls
 from labsupport import bubbles, pipeline
+from labsupport.launch import session
 
 
 def plan(p, ms):
@@ -45,7 +45,7 @@ def main(argv=None):
           f"{'measured':>8} {'m/f':>6} {'within':>7} {'idle/compute':>13} {'CPU':>5}")
     start, matched, total = time.perf_counter(), 0, 0
     for p in args.world_sizes:
-        cluster = ls.start(world_size=p, threads=1)
+        cluster = session.start(world_size=p, threads=1)
         for schedule, m, v in plan(p, args.ms):
             r = bubbles.measure(cluster, schedule, m, v, kw, rows=args.rows, runs=args.runs)
             ok = bubbles.within(r, args.tolerance)
@@ -54,7 +54,7 @@ def main(argv=None):
                   f"{r['replay']:8.3f} {r['measured']:8.3f} {r['measured'] / r['formula']:6.2f} "
                   f"{'yes' if ok else 'no':>7} {r['formula_ratio']:6.3f}/{r['measured_ratio']:.3f} "
                   f"{min(r['cpu_share'], 1):5.0%}", flush=True)
-    ls.shutdown()
+    session.shutdown()
     print(f"{matched} of {total} configurations within {args.tolerance:.0%} of the formula; "
           f"took {time.perf_counter() - start:.0f} s")
 

@@ -3,14 +3,14 @@
     python -m labsupport.bench ring [--world-sizes 2 4] [--max-mib 64] [--repeats 9]
 
 Chapter 2's ``labsupport.ring.ring_allreduce`` and the library's all-reduce
-take turns at every size on the same ranks (``labsupport.bench.sweep``:
+take turns at every size on the same ranks (``labsupport.sweep``:
 warm-up, median of repeats, nccl-tests' busbw). The last line is
 machine-readable: ``ring_busbw_ratio_64MiB=<x>``, the ring's busbw over the
 library's at the largest size on 2 ranks (the target is >= 0.8).
 """
 import argparse
 
-from labsupport.bench import sweep
+from labsupport import sweep
 
 HAND, LIBRARY = "ring_allreduce", "dist.all_reduce"
 
@@ -28,7 +28,7 @@ def compare(rows, world_size, nbytes_list):
 
 
 def main(argv):
-    import labsupport as ls
+    from labsupport.launch import session
     from labsupport.ring import ring_allreduce
 
     parser = argparse.ArgumentParser(prog="python -m labsupport.bench ring")
@@ -42,7 +42,7 @@ def main(argv):
     nbytes_list = sweep.sizes(1 << 10, args.max_mib << 20, step=4)
     rows = []
     for world_size in args.world_sizes:
-        with ls.start(world_size=world_size, backend=args.backend) as cluster:
+        with session.start(world_size=world_size, backend=args.backend) as cluster:
             rows += sweep.run(cluster, {HAND: ring_allreduce, LIBRARY: "all_reduce"},
                               nbytes_list, warmup=2, repeats=args.repeats, timeout=600)
     print(sweep.table(rows))

@@ -12,23 +12,10 @@
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \\
              --rdzv-endpoint=$HEAD_NODE:29500 train.py                   # two (e.g. under srun)
 
-In the notebook, ``ls.run(train, 100, world_size=4)`` runs the very same function.
+In the notebook, ``ls.run(train, 100, world_size=4)`` runs the very same function,
+and ``ls.device()`` (``identity.device``) answers the same way in both.
 """
 import os
-
-from labsupport import _rank
-
-
-def device():
-    """This rank's device: its GPU under NCCL, else the CPU (also in the kernel itself)."""
-    import torch
-    import torch.distributed as dist
-
-    if _rank.STATE:
-        return _rank.STATE["device"]
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device("cpu")
 
 
 def main(fn, *args, backend: str = "auto", **kwargs):

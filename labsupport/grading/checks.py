@@ -1,4 +1,4 @@
-"""Checks for graded assignments: run a student's function on several ranks, fail helpfully.
+"""The checks of graded assignments: a student's collective on several ranks, failed helpfully.
 
     import labsupport as ls                         # ls.grading: imported on first use
     ls.grading.check_allreduce(ring_all_reduce)                 # result == dist.all_reduce's
@@ -11,33 +11,18 @@ deadline (``timeout``, default ``TIMEOUT``: $LABSUPPORT_GRADING_TIMEOUT or 20 s)
 and raises AssertionError with a message a student can act on: a wrong
 chunk, a collective used where the ring must be written by hand, a request
 never waited for, too many bytes sent, or, for a deadlock, which message
-each stuck rank waited for (recorded by ``labsupport.p2p_log``, explained by
-``labsupport.deadlock``). A deadlock therefore fails its nbgrader test cell
-within the deadline and never hangs ``nbgrader autograde``.
+each stuck rank waited for (``grading.diagnosis`` and ``grading.deadlock``).
+A deadlock therefore fails its nbgrader test cell within the deadline and
+never hangs ``nbgrader autograde``.
 """
-import os
-import re
-import shutil
-import tempfile
-import time
-
 import torch
 import torch.distributed as dist
 
-from labsupport import deadlock, launcher, p2p_log, traffic
-from labsupport.errors import RankError, RankTimeout
+from labsupport import p2p_log, traffic
+from labsupport.grading.diagnosis import log_path, name_of, run_on_ranks
+from labsupport.launch import session
+from labsupport.launch.limits import check_timeout
 
-
-def _timeout_from_env() -> float:
-    text = os.environ.get("LABSUPPORT_GRADING_TIMEOUT", "20")
-    value = float(text) if re.fullmatch(r"\s*\d+(\.\d*)?\s*", text) else 0.0
-    if not value > 0:
-        raise ValueError(f"LABSUPPORT_GRADING_TIMEOUT={text!r}: give a positive number of "
-                         "seconds (the deadline of each graded run), or unset it for 20 s")
-    return value
-
-
-TIMEOUT = _timeout_from_env()
 WORLD_SIZES = (2, 4)
 SIZES = (8, 10, 13)  # 10 and 13 are not divisible by 4: chunks of unequal size
 # What each collective leaves where; ``factor`` k: a ring sends k(N-1)/N*S bytes per rank.
@@ -90,7 +75,7 @@ def run(fn, *args, world_size: int, timeout=None, **kwargs) -> list[dict]:
     """
     _validate(fn, (world_size,), (1,), timeout)
     try:
-        return _run_on_ranks(_recorded_call, (fn, args, kwargs), world_size, timeout, _name(fn))
+        return run_on_ranks(_recorded_call, (fn, args, kwargs), world_size, timeout, name_of(fn))
     except AssertionError as failure:
         problem = str(failure)
     raise AssertionError(problem)
@@ -121,17 +106,17 @@ def assert_rules(calls: list[dict], name: str, allowed=()):
 def _check(kind, fn, world_sizes, sizes, timeout, check_traffic) -> str | None:
     """What is wrong at the first (world size, size) that fails, or None."""
     _validate(fn, world_sizes, sizes, timeout)
-    name = _name(fn)
+    name = name_of(fn)
     for world_size in world_sizes:
         for size in sizes:  # one run each: a failed size leaves nothing for the next
             try:
-                case = _run_on_ranks(_trial, (fn, kind, size), world_size, timeout, name)
+                case = run_on_ranks(_trial, (fn, kind, size), world_size, timeout, name)
                 assert_rules(case, name)
                 _assert_result(kind, name, world_size, case)
                 if check_traffic:
                     _assert_traffic(kind, name, world_size, case)
             except AssertionError as failure:
-                launcher.current().restart()  # nothing left in flight for the next check
+                session.current().restart()  # nothing left in flight for the next check
                 return str(failure)
     return None
 
@@ -202,10 +187,6 @@ def _show(t) -> str:
     return "[" + ", ".join(f"{v:g}" for v in t.tolist()) + "]"
 
 
-def _name(fn) -> str:
-    return getattr(fn, "__name__", None) or "the function"
-
-
 def _validate(fn, world_sizes, sizes, timeout):
     if not callable(fn):
         raise TypeError(f"pass the function to check, e.g. check_allreduce(ring_all_reduce); "
@@ -214,69 +195,14 @@ def _validate(fn, world_sizes, sizes, timeout):
         if not values or not all(isinstance(v, int) and v >= 1 for v in values):
             raise ValueError(f"{label} must be a non-empty sequence of positive integers, "
                              f"got {values!r}")
-    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-
-
-# -- running on the ranks, with a deadline and a diagnosis -------------------------------
-
-def _run_on_ranks(rank_fn, args, world_size, timeout, name):
-    """rank_fn(log_path, *args) on every rank; failures become AssertionErrors."""
-    timeout = TIMEOUT if timeout is None else timeout
-    cluster = launcher.current()
-    if cluster is None or cluster.world_size != world_size:
-        cluster = launcher.start(world_size)
-    log_dir = tempfile.mkdtemp(prefix="labsupport-grading-")
-    try:
-        return cluster.run(rank_fn, log_dir, *args, timeout=timeout)
-    except RankError as err:
-        logs = {r: p2p_log.read(_log_path(log_dir, r)) for r in range(world_size)}
-        raise AssertionError(_explain(err, logs, name, world_size, timeout)) from None
-    finally:
-        shutil.rmtree(log_dir, ignore_errors=True)
-
-
-def _log_path(log_dir, rank) -> str:
-    return os.path.join(log_dir, f"rank{rank}.jsonl")
-
-
-def _explain(err: RankError, logs: dict, name: str, world_size: int, timeout) -> str:
-    ranks = sorted(err.stacks) if isinstance(err, RankTimeout) else err.ranks
-    notes = {p2p_log.rank_state(logs[r])["note"] for r in ranks} - {None}
-    during = f" (on {', '.join(sorted(notes))})" if notes else ""
-    if not isinstance(err, RankTimeout):
-        hint = ("\nWrite your solution in place of `raise NotImplementedError()`."
-                if "NotImplementedError" in str(err) else "")
-        return f"{name} failed on {world_size} ranks{during}: {_student_frames(str(err))}{hint}"
-    where = _student_frames(str(err).split("\n\n", 1)[-1])
-    return (f"{name} did not finish within {timeout:g} s on {world_size} ranks{during}; the "
-            "stuck ranks were stopped:\n" + deadlock.explain(logs, ranks, time.time())
-            + "\nWhere each stopped rank was:\n" + where)
-
-
-_FRAME = re.compile(r'^  (File "|Cell In)')
-_PLUMBING = ('File "labsupport/', 'File "torch/')
-
-
-def _student_frames(text: str) -> str:
-    """A rank's traceback without the frames of labsupport and torch (the student's code stays)."""
-    out, skipping = [], False
-    for line in text.splitlines():
-        if _FRAME.match(line):
-            skipping = line.strip().startswith(_PLUMBING)
-        elif not line.startswith("    "):
-            skipping = False
-        if not skipping:
-            out.append(line)
-    sections = "\n".join(out).split("\n\n")  # one per group of ranks
-    return "\n\n".join(part for part in sections if "\n" in part.strip() or
-                       not part.strip().startswith("---"))
+    if timeout is not None:
+        check_timeout(timeout)
 
 
 # -- on each rank ---------------------------------------------------------------------
 
 def _recorded_call(log_dir, fn, args, kwargs) -> dict:
-    with p2p_log.record(_log_path(log_dir, dist.get_rank())) as rec, \
+    with p2p_log.record(log_path(log_dir, dist.get_rank())) as rec, \
             traffic.count(settle=0) as counted:
         value = fn(*args, **kwargs)
     return dict(value=value, sent=counted.sent, collectives=rec.collectives,
@@ -285,7 +211,7 @@ def _recorded_call(log_dir, fn, args, kwargs) -> dict:
 
 def _trial(log_dir, fn, kind, size) -> dict:
     tensor, expected, compared = _case(kind, size)
-    with p2p_log.record(_log_path(log_dir, dist.get_rank()), buffer=tensor) as rec, \
+    with p2p_log.record(log_path(log_dir, dist.get_rank()), buffer=tensor) as rec, \
             traffic.count(settle=0) as counted:
         rec.note(f"a tensor of {size} elements")
         out = fn(tensor)

@@ -1,6 +1,6 @@
 """One rank: join the process group, then run what the kernel sends until told to stop.
 
-This module runs in a process forked by the process server (``_zygote``).
+This module runs in a process forked by the process server (``forkserver_main``).
 Its stdout and stderr file descriptors point at files that the kernel reads,
 so output from Python, C++, gloo and NCCL is all captured and a rank can never
 block on a full pipe. A traceback of every thread is written to a third file on
@@ -14,12 +14,12 @@ import pickle
 import signal
 import sys
 import traceback
-from datetime import timedelta
 from multiprocessing.connection import Connection
 
-from labsupport._proc import die_with_parent, flush_c_stdio
+from labsupport.launch import identity
+from labsupport.launch.lifetime import die_with_parent, flush_c_stdio
+from labsupport.launch.limits import COLLECTIVE_TIMEOUT
 
-STATE: dict = {}      # this rank's identity (rank, world_size, device, backend)
 NAMESPACE: dict = {}  # globals of %%ranks cells, kept between cells
 
 
@@ -34,8 +34,8 @@ def warm_imports():
     import torch.utils._pytree  # noqa: F401
 
 
-def main(fd: int, spec: dict, zygote_pid: int) -> int:
-    die_with_parent(zygote_pid, watchdog_period=1.0)
+def main(fd: int, spec: dict, server_pid: int) -> int:
+    die_with_parent(server_pid, watchdog_period=1.0)
     conn = Connection(fd)
     _redirect_output(spec)
     _apply_environment(spec)
@@ -75,6 +75,7 @@ def _apply_environment(spec: dict):
 def _init_process_group(spec: dict):
     import torch
     import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
 
     torch.set_num_threads(spec["threads"])
     device = torch.device(spec["device"])
@@ -83,11 +84,14 @@ def _init_process_group(spec: dict):
     # A FileStore in the group's private (0700) directory: no TCP port to pick,
     # so no collisions between users, and nothing listening for strangers.
     store = dist.FileStore(spec["store_path"], spec["world_size"])
+    # The call's deadline, kept by the kernel, is the only one that ends a hang:
+    # this group and every group made on this rank (dist.new_group, a DeviceMesh)
+    # wait longer than any deadline (see limits).
+    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = COLLECTIVE_TIMEOUT
     dist.init_process_group(spec["backend"], store=store, rank=spec["rank"],
-                            world_size=spec["world_size"],
-                            timeout=timedelta(seconds=spec["pg_timeout"]),
+                            world_size=spec["world_size"], timeout=COLLECTIVE_TIMEOUT,
                             device_id=device if device.type == "cuda" else None)
-    STATE.update(rank=spec["rank"], world_size=spec["world_size"], device=device,
+    identity.STATE.update(rank=spec["rank"], world_size=spec["world_size"], device=device,
                  backend=spec["backend"])
     NAMESPACE.update(rank=spec["rank"], world_size=spec["world_size"],
                      local_rank=spec["rank"], device=device, dist=dist, torch=torch,

@@ -148,11 +148,12 @@ def _ipython():
 
 _SITE_PACKAGES = "site-packages" + os.sep
 _STDLIB = os.path.dirname(os.__file__) + os.sep
-_COURSE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # .../labsupport/launch/
+_COURSE_ROOT = os.path.dirname(os.path.dirname(_LAUNCH_DIR.rstrip(os.sep))) + os.sep
 _FAULT_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
-# Frames that say nothing to the reader: the launcher's own, and torch's logging wrapper.
-_INTERNAL = (os.sep + "labsupport" + os.sep + "_", "<frozen ", os.sep + "threading.py",
-             "c10d_logger.py")
+# Frames that say nothing to the reader: the launcher's own (every file of the
+# package labsupport.launch), and torch's logging wrapper.
+_INTERNAL = (_LAUNCH_DIR, "<frozen ", os.sep + "threading.py", "c10d_logger.py")
 
 
 def format_stack_dump(dump: str) -> str:

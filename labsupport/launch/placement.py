@@ -8,8 +8,9 @@ over 8 threads.
 import os
 from dataclasses import dataclass
 
+from labsupport.launch.limits import check_world_size, cpu_count
+
 BACKENDS = ("auto", "gloo", "nccl")
-MAX_RANKS_PER_CORE = 8  # more ranks than this per core is a typo, not a lesson
 
 
 @dataclass(frozen=True)
@@ -19,41 +20,6 @@ class Placement:
     devices: tuple          # one device string per rank: "cpu" or "cuda:i"
     threads: int            # torch intra-op threads per rank
     notice: str | None      # one line for the user, or None
-
-
-def cpu_count() -> int:
-    """Cores this process may use (its affinity mask, not the machine's total)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def max_world_size() -> int:
-    """The largest group allowed here; LABSUPPORT_MAX_WORLD_SIZE overrides."""
-    override = os.environ.get("LABSUPPORT_MAX_WORLD_SIZE")
-    return int(override) if override else max(16, MAX_RANKS_PER_CORE * cpu_count())
-
-
-def check_world_size(world_size) -> int:
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int (the number of ranks), got {world_size!r}")
-    limit = max_world_size()
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
-    if world_size > limit:
-        raise ValueError(
-            f"world_size={world_size} is more than this machine can run sensibly "
-            f"(limit {limit} for {cpu_count()} cores): each rank is a process with its own "
-            "copy of torch. Use fewer ranks, or set LABSUPPORT_MAX_WORLD_SIZE to raise the limit.")
-    return world_size
-
-
-def check_timeout(timeout) -> float:
-    """A run's deadline in seconds, checked."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    return float(timeout)
 
 
 def visible_gpus() -> int:

@@ -5,7 +5,8 @@
 Every run has a deadline. A rank that raises, dies or hangs ends the run with
 one ``RankError`` that names the ranks and shows their tracebacks (or, for a
 stuck rank, where it was). Ranks that were still running are stopped and a
-fresh group is started in the background, so the next call works.
+fresh group is started in the background, so the next call works. The
+deadline is the only one: the ranks' collectives outwait any (see ``limits``).
 """
 import contextlib
 import itertools
@@ -18,16 +19,15 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-from labsupport import backend as _backend
-from labsupport.backend import check_timeout
-from labsupport import procserver
-from labsupport._proc import describe_status
-from labsupport.errors import RankError, build_error, format_stack_dump
-from labsupport.output import RankOutput, show
+from labsupport.launch import forkserver
+from labsupport.launch.errors import RankError, build_error, format_stack_dump
+from labsupport.launch.lifetime import describe_status
+from labsupport.launch.limits import (DEFAULT_TIMEOUT, GRACE, START_TIMEOUT, TAIL_CHARS,
+                                      check_timeout)
+from labsupport.launch.output import RankOutput, show
+from labsupport.launch.placement import Placement
 
-DEFAULT_TIMEOUT = 120.0   # seconds per run; generous, a deadline is for hangs
 _numbers = itertools.count(1)
-GRACE = 0.5               # after one rank fails, how long to wait for the others' errors
 
 
 @dataclass
@@ -49,13 +49,14 @@ class _Outcome:
 
 
 class Cluster:
-    """A persistent group of ranks with an initialised process group."""
+    """A persistent group of ranks with an initialised process group (made by ``ls.start``,
+    which checks ``placement`` and ``timeout``, the deadline of each run)."""
 
-    def __init__(self, placement: _backend.Placement, timeout: float = DEFAULT_TIMEOUT):
+    def __init__(self, placement: Placement, timeout: float = DEFAULT_TIMEOUT):
         self.placement = placement
         self.world_size = placement.world_size
         self.backend = placement.backend
-        self.timeout = check_timeout(timeout)
+        self.timeout = timeout
         self._number = next(_numbers)  # unique in this kernel: names its files
         self._generation = 0
         self._ranks: list[_Rank] | None = None
@@ -65,7 +66,7 @@ class Cluster:
         self._respawn = False  # a failed start leaves nothing behind
         try:
             self._spawn()
-            self._wait_ready(procserver.START_TIMEOUT)
+            self._wait_ready(START_TIMEOUT)
         except BaseException:
             self.shutdown()
             raise
@@ -111,7 +112,7 @@ class Cluster:
         self._check_open()
         self._stop_ranks()
         self._spawn()
-        self._wait_ready(procserver.START_TIMEOUT)
+        self._wait_ready(START_TIMEOUT)
 
     def shutdown(self):
         """Stop the ranks. Safe to call twice; the object cannot be used afterwards."""
@@ -131,7 +132,7 @@ class Cluster:
             if self._ranks is None:
                 self._spawn()
             if not self._ready:
-                self._wait_ready(procserver.START_TIMEOUT)
+                self._wait_ready(START_TIMEOUT)
             ranks, data = self._ranks, pickle.dumps(request)
             for r in ranks:
                 try:
@@ -185,9 +186,9 @@ class Cluster:
         try:
             return pickle.loads(r.conn.recv_bytes())
         except (EOFError, OSError):
-            status = procserver.get().exit_status(r.pid)
+            status = forkserver.get().exit_status(r.pid)
             return "died", {"died": describe_status(status),
-                            "tail": r.output.take("stderr")[-2000:]}
+                            "tail": r.output.take("stderr")[-TAIL_CHARS:]}
 
     def _raise_for(self, outcome: _Outcome, deadline_text: str):
         if outcome.failures or outcome.running:
@@ -197,7 +198,7 @@ class Cluster:
     # -- starting and stopping ranks -------------------------------------------------
 
     def _spawn(self):
-        server = procserver.get()
+        server = forkserver.get()
         self._generation += 1
         specs = [self._spec(server.dir, rank) for rank in range(self.world_size)]
         pairs = [socket.socketpair() for _ in specs]
@@ -224,7 +225,7 @@ class Cluster:
         return dict(rank=rank, world_size=self.world_size, backend=self.backend,
                     device=self.placement.devices[rank], threads=self.placement.threads,
                     env=env, sys_path=list(_sys_path()), cwd=os.getcwd(),
-                    store_path=prefix + ".store", pg_timeout=max(1800.0, self.timeout),
+                    store_path=prefix + ".store",
                     out_path=f"{prefix}.r{rank}.out", err_path=f"{prefix}.r{rank}.err",
                     stack_path=f"{prefix}.r{rank}.stack")
 
@@ -238,7 +239,7 @@ class Cluster:
         """Stop every rank of this generation, noting first where the stuck ones were."""
         if outcome.running:
             stuck = [r for r in self._ranks if r.rank in outcome.running]
-            dumps = procserver.get().dump_stacks({r.pid: r.stack_path for r in stuck})
+            dumps = forkserver.get().dump_stacks({r.pid: r.stack_path for r in stuck})
             outcome.stacks = {r.rank: format_stack_dump(dumps[r.pid]) for r in stuck}
         self._stop_ranks()
         if self._respawn and not self._closed:
@@ -252,11 +253,11 @@ class Cluster:
         ranks, self._ranks, self._ready = self._ranks, None, False
         if not ranks:
             return
-        server = procserver.current()
+        server = forkserver.current()
         if server is not None:  # (without a server, its ranks died with it)
             try:
                 server.request("kill", [r.pid for r in ranks])
-            except procserver.ProcessServerError:
+            except forkserver.ProcessServerError:
                 pass
         show([r.output for r in ranks])
         for r in ranks:

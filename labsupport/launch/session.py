@@ -5,12 +5,13 @@
     ls.run(fn, world_size=4)                  # the same, starting or reusing a group
 
 One group runs per kernel: starting a new one stops the previous one, so
-re-running a setup cell never leaves ranks behind.
+re-running a setup cell never leaves ranks behind. ``group_for`` is the one
+rule by which ``ls.run``, ``%%ranks`` and the grader reuse the running group
+or start one.
 """
-from labsupport import _rank
-from labsupport import backend as _backend
-from labsupport.backend import check_timeout
-from labsupport.cluster import DEFAULT_TIMEOUT, Cluster
+from labsupport.launch import identity, placement
+from labsupport.launch.cluster import Cluster
+from labsupport.launch.limits import DEFAULT_TIMEOUT, check_timeout
 
 _current: Cluster | None = None
 _notices_shown: set = set()
@@ -22,18 +23,19 @@ def start(world_size: int = 2, backend: str = "auto", *, timeout: float = DEFAUL
 
     Starting stops this kernel's previous group. Usable as a context manager
     (``with ls.start(4) as cluster: ...``), which shuts the group down at the end.
+    ``timeout`` is the deadline of each run.
     """
     global _current
-    if _rank.STATE:
+    if identity.on_rank():
         raise RuntimeError("ls.start() was called on a rank; start groups from the notebook")
-    placement = _backend.place(world_size, backend, threads)
-    check_timeout(timeout)
+    where = placement.place(world_size, backend, threads)
+    timeout = check_timeout(timeout)  # before the running group is stopped
     if _current is not None:
         _current.shutdown()
-    if placement.notice and placement.notice not in _notices_shown:
-        print(placement.notice)  # once per kernel: a chapter may switch sizes often
-        _notices_shown.add(placement.notice)
-    _current = Cluster(placement, timeout)
+    if where.notice and where.notice not in _notices_shown:
+        print(where.notice)  # once per kernel: a chapter may switch sizes often
+        _notices_shown.add(where.notice)
+    _current = Cluster(where, timeout)
     return _current
 
 
@@ -42,16 +44,24 @@ def current() -> Cluster | None:
     return _current if _current is not None and not _current._closed else None
 
 
+def group_for(world_size: int | None = None, backend: str = "auto") -> Cluster | None:
+    """The running group if it fits (same size, same backend unless "auto"), else a new one.
+
+    ``world_size=None`` takes whatever group is running; None when there is none.
+    """
+    cluster = current()
+    if cluster is not None and world_size in (None, cluster.world_size) \
+            and backend in ("auto", cluster.backend):
+        return cluster
+    return None if world_size is None else start(world_size, backend)
+
+
 def run(fn, *args, world_size: int | None = None, backend: str = "auto",
         timeout: float | None = None, **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on every rank of a matching group, starting one if needed."""
-    cluster = current()
-    matches = cluster is not None and world_size in (None, cluster.world_size) \
-        and backend in ("auto", cluster.backend)
-    if not matches:
-        if world_size is None:
-            raise ValueError("no group is running: say how many ranks, ls.run(fn, world_size=4)")
-        cluster = start(world_size, backend)
+    cluster = group_for(world_size, backend)
+    if cluster is None:
+        raise ValueError("no group is running: say how many ranks, ls.run(fn, world_size=4)")
     return cluster.run(fn, *args, timeout=timeout, **kwargs)
 
 

@@ -1,4 +1,4 @@
-"""Kernel side of the process server (see ``_zygote``): start it, ask it to fork ranks.
+"""Kernel side of the process server (its own side: ``forkserver_main``): start it, fork ranks.
 
 One server per kernel, started on first use and kept warm, so that starting a
 new group (after an error, a timeout or a change of world size) costs a fork
@@ -22,10 +22,11 @@ import tempfile
 import threading
 import time
 
-import labsupport
+from labsupport.launch.limits import (EXIT_WAIT, SERVER_REPLY_TIMEOUT, STACK_DUMP_WAIT,
+                                      START_TIMEOUT, TAIL_CHARS)
 
-START_TIMEOUT = 180.0  # importing torch on a busy shared machine can be slow
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(labsupport.__file__)))
+# The folder that holds the labsupport package (this file is labsupport/launch/forkserver.py)
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class ProcessServerError(RuntimeError):
@@ -46,13 +47,13 @@ class ProcessServer:
         main_thread = str(int(threading.current_thread() is threading.main_thread()))
         with open(self.log_path, "wb") as log, theirs:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "labsupport._zygote", str(theirs.fileno()), str(os.getpid()),
-                 main_thread],
+                [sys.executable, "-m", "labsupport.launch.forkserver_main", str(theirs.fileno()),
+                 str(os.getpid()), main_thread],
                 pass_fds=[theirs.fileno()], start_new_session=True, env=env,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         self.pid = self._receive("ready", START_TIMEOUT)[1]
 
-    def request(self, *msg, fds=(), timeout=30.0):
+    def request(self, *msg, fds=(), timeout=SERVER_REPLY_TIMEOUT):
         """Send one request and return the server's reply."""
         with self.lock:
             try:
@@ -61,7 +62,7 @@ class ProcessServer:
                 raise self._failure(f"cannot reach it ({exc})") from None
             return self._receive(None, timeout)
 
-    def exit_status(self, pid: int, wait_s: float = 1.0):
+    def exit_status(self, pid: int, wait_s: float = EXIT_WAIT):
         """The wait status of a rank that closed its connection (it may still be exiting)."""
         deadline = time.monotonic() + wait_s
         while True:
@@ -70,7 +71,7 @@ class ProcessServer:
                 return status
             time.sleep(0.02)
 
-    def dump_stacks(self, stack_paths: dict, wait_s: float = 1.0) -> dict:
+    def dump_stacks(self, stack_paths: dict, wait_s: float = STACK_DUMP_WAIT) -> dict:
         """{pid: faulthandler's dump of every thread} for ranks given as {pid: stack file}."""
         self.request("signal", list(stack_paths), signal.SIGUSR1)
         # faulthandler writes from the signal handler; a size that stopped growing is complete
@@ -104,7 +105,7 @@ class ProcessServer:
             f"labsupport's process server failed: {what}. Its log:\n{self.log_tail()}\n"
             "The next ls.start() starts a new one.")
 
-    def log_tail(self, limit=4000) -> str:
+    def log_tail(self, limit=TAIL_CHARS) -> str:
         try:
             with open(self.log_path, "rb") as f:
                 return f.read()[-limit:].decode("utf-8", "backslashreplace")

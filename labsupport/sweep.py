@@ -1,6 +1,6 @@
 """Bandwidth of collectives over a sweep of message sizes, the nccl-tests way.
 
-    from labsupport.bench import sweep
+    from labsupport import sweep
     rows = sweep.run(cluster, {"gloo": "all_reduce", "ring": ring_allreduce},
                      sweep.sizes(1 << 10, 64 << 20))
     print(sweep.table(rows))
@@ -16,9 +16,10 @@ buffer (the output of all-gather, the input of reduce-scatter), t the time of
 one call on the slowest rank, algbw = S/t, and busbw = algbw times a factor
 that makes it comparable with the link's speed whatever N: 2(N-1)/N for
 all-reduce, (N-1)/N for all-gather, reduce-scatter, all-to-all, scatter and
-gather, 1 for broadcast, reduce and sendrecv (a shift round the ring). Each size gets warm-up calls, then the median of the
-repeats (a repeat of a small size times a batch of calls in a row, as
-nccl-tests does); ops given together take turns, so they share the load.
+gather, 1 for broadcast, reduce and sendrecv (a shift round the ring). Each
+size gets warm-up calls, then the median of the repeats (a repeat of a small
+size times a batch of calls in a row, as nccl-tests does); ops given together
+take turns, so they share the load.
 """
 import math
 import statistics
@@ -98,7 +99,7 @@ def measure(ops, nbytes_list, warmup, repeats, dtype=None) -> dict:
     """On every rank: {label: [median seconds of the slowest rank, by size]}."""
     import torch
     import torch.distributed as dist
-    from labsupport.script import device
+    from labsupport.launch.identity import device
 
     dtype, medians = dtype or torch.float32, {label: [] for label in ops}
     for nbytes in nbytes_list:

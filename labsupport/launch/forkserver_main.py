@@ -1,6 +1,7 @@
-"""The process server: a fresh interpreter that imports torch once and forks ranks.
+"""The process server, its own side: a fresh interpreter that imports torch once and forks ranks.
 
-The kernel starts one of these per kernel (``python -m labsupport._zygote``).
+The kernel starts one of these per kernel (``forkserver``, which runs
+``python -m labsupport.launch.forkserver_main``).
 Forking ranks from it is fast (torch is already imported, so each rank only
 pays for ``init_process_group``) and safe with CUDA: this interpreter never
 touches CUDA, so a rank may initialise it after the fork even when the
@@ -18,13 +19,12 @@ import signal
 import socket
 import sys
 
-from labsupport import _rank
-from labsupport._proc import die_with_parent
+from labsupport.launch import rank_main
+from labsupport.launch.lifetime import die_with_parent
+from labsupport.launch.limits import MAX_MESSAGE
 
-MAX_MESSAGE = 1 << 20  # spawn requests carry env and sys.path: well under this
 
-
-class Zygote:
+class ForkServer:
     def __init__(self, ctrl: socket.socket, kernel_pid: int):
         self.ctrl = ctrl
         self.kernel_pid = kernel_pid
@@ -71,7 +71,7 @@ class Zygote:
                     if other != fd:
                         os.close(other)
                 self.ctrl.close()
-                code = _rank.main(fd, spec, zygote_pid=os.getppid())
+                code = rank_main.main(fd, spec, server_pid=os.getppid())
             finally:
                 os._exit(code)
         self.children[pid] = None
@@ -112,9 +112,9 @@ def main():
     # The kernel may catch SIGINT for its own process group; we are in our own
     # session, but ignore it anyway: only the kernel decides when ranks stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _rank.warm_imports()
+    rank_main.warm_imports()
     ctrl = socket.socket(fileno=ctrl_fd)
-    Zygote(ctrl, kernel_pid).serve()
+    ForkServer(ctrl, kernel_pid).serve()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,17 @@
+"""Graded assignments: run a student's function on several ranks and fail helpfully.
+
+    ls.grading.check_allreduce(ring_all_reduce, traffic=True)   # checks.py: the collectives
+    calls = ls.grading.run(fn, x, world_size=4)                 # any function, recorded
+    ls.grading.assert_rules(calls, "fn", allowed=("all_reduce",))
+
+- ``checks``: each check, its cases and the messages for a wrong answer;
+- ``diagnosis``: running on the ranks with a deadline (``TIMEOUT``) and turning
+  an exception or a hang into advice;
+- ``deadlock``: which message each stuck rank waited for, from its ``p2p_log``.
+"""
+from labsupport.grading.checks import (SIZES, WORLD_SIZES, assert_rules, check_all_gather,
+                                       check_allreduce, check_reduce_scatter, run)
+from labsupport.grading.diagnosis import TIMEOUT
+
+__all__ = ["SIZES", "TIMEOUT", "WORLD_SIZES", "assert_rules", "check_all_gather",
+           "check_allreduce", "check_reduce_scatter", "run"]

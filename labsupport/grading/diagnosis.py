@@ -1,0 +1,78 @@
+"""Run a student's function on the ranks with a deadline; turn what went wrong into advice.
+
+    calls = run_on_ranks(rank_fn, args, world_size, timeout, name)   # one result per rank
+
+``rank_fn(log_dir, *args)`` runs on every rank of a group that fits (the
+launcher's own rule, ``session.group_for``), with the deadline ``timeout``
+(default ``TIMEOUT``: $LABSUPPORT_GRADING_TIMEOUT or 20 s, read by
+``launch.limits``). An exception becomes an AssertionError with the
+student's frames only; a deadlock, which message each stuck rank waited for
+(recorded by ``labsupport.p2p_log``, explained by ``grading.deadlock``).
+"""
+import os
+import re
+import shutil
+import tempfile
+import time
+
+from labsupport import p2p_log
+from labsupport.grading.deadlock import explain as explain_deadlock
+from labsupport.launch import limits, session
+from labsupport.launch.errors import RankError, RankTimeout
+
+TIMEOUT = limits.grading_timeout()
+
+
+def name_of(fn) -> str:
+    return getattr(fn, "__name__", None) or "the function"
+
+
+def run_on_ranks(rank_fn, args, world_size, timeout, name):
+    """rank_fn(log_path, *args) on every rank; failures become AssertionErrors."""
+    timeout = TIMEOUT if timeout is None else timeout
+    cluster = session.group_for(world_size)
+    log_dir = tempfile.mkdtemp(prefix="labsupport-grading-")
+    try:
+        return cluster.run(rank_fn, log_dir, *args, timeout=timeout)
+    except RankError as err:
+        logs = {r: p2p_log.read(log_path(log_dir, r)) for r in range(world_size)}
+        raise AssertionError(_explain(err, logs, name, world_size, timeout)) from None
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def log_path(log_dir, rank) -> str:
+    return os.path.join(log_dir, f"rank{rank}.jsonl")
+
+
+def _explain(err: RankError, logs: dict, name: str, world_size: int, timeout) -> str:
+    ranks = sorted(err.stacks) if isinstance(err, RankTimeout) else err.ranks
+    notes = {p2p_log.rank_state(logs[r])["note"] for r in ranks} - {None}
+    during = f" (on {', '.join(sorted(notes))})" if notes else ""
+    if not isinstance(err, RankTimeout):
+        hint = ("\nWrite your solution in place of `raise NotImplementedError()`."
+                if "NotImplementedError" in str(err) else "")
+        return f"{name} failed on {world_size} ranks{during}: {_student_frames(str(err))}{hint}"
+    where = _student_frames(str(err).split("\n\n", 1)[-1])
+    return (f"{name} did not finish within {timeout:g} s on {world_size} ranks{during}; the "
+            "stuck ranks were stopped:\n" + explain_deadlock(logs, ranks, time.time())
+            + "\nWhere each stopped rank was:\n" + where)
+
+
+_FRAME = re.compile(r'^  (File "|Cell In)')
+_PLUMBING = ('File "labsupport/', 'File "torch/')
+
+
+def _student_frames(text: str) -> str:
+    """A rank's traceback without the frames of labsupport and torch (the student's code stays)."""
+    out, skipping = [], False
+    for line in text.splitlines():
+        if _FRAME.match(line):
+            skipping = line.strip().startswith(_PLUMBING)
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            out.append(line)
+    sections = "\n".join(out).split("\n\n")  # one per group of ranks
+    return "\n\n".join(part for part in sections if "\n" in part.strip() or
+                       not part.strip().startswith("---"))

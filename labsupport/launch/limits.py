@@ -1,0 +1,79 @@
+"""Every bound of the launcher, and its check, in one place.
+
+Deadlines (seconds): a run's ``DEFAULT_TIMEOUT`` unless ``ls.start(timeout=)``,
+``ls.run(timeout=)``, ``%%ranks -t`` or the grader says otherwise
+(``grading_timeout``); ``START_TIMEOUT`` for ranks to come up; ``GRACE`` for the
+other ranks' errors once one has failed. Whatever the deadline, it is the only
+one that ends a hang: a rank's collectives (its process group and every group it
+makes) wait ``COLLECTIVE_TIMEOUT``, longer than any deadline ``check_timeout``
+accepts, so a collective never gives up inside a call that is still allowed to run.
+"""
+import os
+import re
+from datetime import timedelta
+
+DEFAULT_TIMEOUT = 120.0   # per run; generous, a deadline is for hangs
+START_TIMEOUT = 180.0     # importing torch on a busy shared machine can be slow
+GRACE = 0.5               # after one rank fails, how long to wait for the others' errors
+MAX_TIMEOUT = 7 * 24 * 3600.0  # the longest deadline a run may be given (a week)
+COLLECTIVE_TIMEOUT = timedelta(seconds=MAX_TIMEOUT + 60)  # beyond every deadline
+GRADING_TIMEOUT = 20.0    # per graded run, unless $LABSUPPORT_GRADING_TIMEOUT says otherwise
+SERVER_REPLY_TIMEOUT = 30.0  # the process server answers a request within this
+STACK_DUMP_WAIT = 1.0     # for a stopped rank's stack dump to be written
+EXIT_WAIT = 1.0           # for a rank that closed its connection to be reaped
+TAIL_CHARS = 4000         # shown of a dead rank's last stderr (faulthandler's report), or
+                          # of the process server's log when it fails
+MAX_MESSAGE = 1 << 20     # bytes of one request to the process server (env, sys.path)
+MAX_RANKS_PER_CORE = 8    # more ranks than this per core is a typo, not a lesson
+
+
+def check_timeout(timeout) -> float:
+    """A run's deadline in seconds, checked."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if timeout > MAX_TIMEOUT:
+        raise ValueError(f"timeout={timeout:g} s is longer than labsupport allows "
+                         f"({MAX_TIMEOUT:g} s, a week): give a shorter deadline")
+    return float(timeout)
+
+
+def grading_timeout() -> float:
+    """The deadline of each graded run: $LABSUPPORT_GRADING_TIMEOUT, else 20 s."""
+    text = os.environ.get("LABSUPPORT_GRADING_TIMEOUT")
+    if text is None:
+        return GRADING_TIMEOUT
+    value = float(text) if re.fullmatch(r"\s*\d+(\.\d*)?\s*", text) else 0.0
+    try:
+        return check_timeout(value)
+    except ValueError:
+        raise ValueError(f"LABSUPPORT_GRADING_TIMEOUT={text!r}: give a positive number of "
+                         "seconds (the deadline of each graded run), or unset it for "
+                         f"{GRADING_TIMEOUT:g} s") from None
+
+
+def cpu_count() -> int:
+    """Cores this process may use (its affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def max_world_size() -> int:
+    """The largest group allowed here; LABSUPPORT_MAX_WORLD_SIZE overrides."""
+    override = os.environ.get("LABSUPPORT_MAX_WORLD_SIZE")
+    return int(override) if override else max(16, MAX_RANKS_PER_CORE * cpu_count())
+
+
+def check_world_size(world_size) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int (the number of ranks), got {world_size!r}")
+    limit = max_world_size()
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if world_size > limit:
+        raise ValueError(
+            f"world_size={world_size} is more than this machine can run sensibly "
+            f"(limit {limit} for {cpu_count()} cores): each rank is a process with its own "
+            "copy of torch. Use fewer ranks, or set LABSUPPORT_MAX_WORLD_SIZE to raise the limit.")
+    return world_size
