@@ -141,10 +141,11 @@ class PeakTally(TorchDispatchMode):
     ``torch.tensor(3.0)`` (built from Python data, no operation) is not seen.
     """
 
-    def __init__(self, baseline=()):
+    def __init__(self, baseline=(), record=False):
         super().__init__()
         self._bytes = {}                      # storage key -> bytes counted
         self.live = 0
+        self.trace = [] if record else None   # (operation name, live bytes after it)
         for t in baseline:
             if t is not None:
                 self._track(t.untyped_storage(), count=True)
@@ -171,14 +172,17 @@ class PeakTally(TorchDispatchMode):
             if torch.is_tensor(t):
                 self._track(t.untyped_storage(), count=True)
         self.peak = max(self.peak, self.live)
+        if self.trace is not None:
+            self.trace.append((func.__name__, self.live))
         return out
 
 
-def peak_tally(baseline=()) -> PeakTally:
+def peak_tally(baseline=(), record=False) -> PeakTally:
     """``with peak_tally(model.parameters()) as tally: step()`` -> tally.peak, tally.live.
 
+    ``record=True`` also keeps ``tally.trace``, the live bytes after every operation.
     On CPU this tallies live storages (see :class:`PeakTally`); on a GPU, use
     ``torch.cuda.reset_peak_memory_stats()`` and ``torch.cuda.max_memory_allocated()``,
     the allocator's own count.
     """
-    return PeakTally(baseline)
+    return PeakTally(baseline, record)

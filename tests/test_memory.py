@@ -65,7 +65,7 @@ def test_korthikanti_table_2():
 
 def test_peak_tally_counts_live_storages_and_frees():
     base = torch.zeros(100)                          # 400 bytes before the block
-    with memory.peak_tally([base]) as tally:
+    with memory.peak_tally([base], record=True) as tally:
         a = torch.ones(1000)                         # +4000
         b = a.view(10, 100).t()                      # a view: no new storage
         a.add_(1)                                    # in place: no new storage
@@ -75,6 +75,7 @@ def test_peak_tally_counts_live_storages_and_frees():
         assert tally.live == 400
         base.mul_(2)                                 # baseline in place: nothing new
     assert tally.peak == 12400 and tally.live == 400
+    assert tally.trace[0][1] == 4400 and max(live for _, live in tally.trace) == 12400
 
 
 def test_peak_tally_sees_backward_and_the_optimizer():
