@@ -114,3 +114,28 @@ def test_saved_tensors_leaves_no_graph_behind_and_backward_agrees():
         loss = model(ids, targets)
     loss.backward()
     torch.testing.assert_close([p.grad for p in model.parameters()], plain, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU: compares the tally with the caching allocator")
+def test_peak_tally_agrees_with_torch_cuda_max_memory_allocated():
+    """The allocator also holds kernels' scratch space and rounds blocks: the tally is a bit lower."""
+    model = models.GPT(models.GPTConfig()).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    ids, targets = (t.cuda() for t in models.toy_tokens(8, 64, 256))
+
+    def step():
+        model(ids, targets).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()                                  # Adam's state and cuBLAS's workspace exist now
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with memory.peak_tally() as tally:
+        step()
+    torch.cuda.synchronize()
+    allocated = torch.cuda.max_memory_allocated() - before
+    assert 0.9 * allocated <= tally.peak <= allocated
