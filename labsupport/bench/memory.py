@@ -53,6 +53,7 @@ def measure(cfg, batch, steps):
 
 
 def _median_time(model, ids, targets, policy, steps):
+    checkpointing.forward(model, ids, targets, policy).backward()   # warm-up, untimed
     times = []
     for _ in range(steps):
         start = time.perf_counter()
