@@ -2,6 +2,7 @@
 
     python -m labsupport.bench memory [--seqs 64 128] [--batches 4 8] [--hidden 64]
                                       [--heads 4] [--layers 2] [--vocab 256] [--steps 5]
+                                      [--threads 1]
 
 For each sequence length s and batch b, the shared decoder (fp32, no
 dropout) takes AdamW steps; it prints the states counted after a step over
@@ -73,7 +74,9 @@ def main(argv=None):
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per policy")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     print(f"{'s':>5} {'b':>3} {'states/16Ψ':>10} {'act/formula':>11} {'full/none':>9} "
           f"{'sel/none':>8}  median fwd+bwd none / selective / full (ms)")
     for s in args.seqs:
