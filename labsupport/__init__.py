@@ -24,6 +24,7 @@ __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "current", "devi
 _SUBMODULES = {"bench", "bubbles", "ddp", "ddp_probe", "diagrams", "grading", "models",
                "pipeline", "pipeline_sim", "plots", "ring", "sweep", "timeline", "traffic",
                "your_turn"}
+_SUBMODULES |= {"memory", "memory_calc"}
 
 
 def __getattr__(name):

@@ -7,6 +7,8 @@ that every chapter's calculator gives the same answer:
     ls.memory.model_state_bytes(psi, precision="mixed", zero_stage=2, dp=64)
     with ls.memory.saved_tensors(exclude=model.parameters()) as saved:
         loss = model(ids, targets)                      # saved.bytes: activations
+    with ls.memory.peak_tally(model.parameters()) as tally:
+        step()                                          # tally.peak: live bytes, CPU
 
 Formulas follow Rajbhandari et al., "ZeRO" (arXiv 1910.02054), Section 3.1 and
 Figure 1: with Adam, K = 12 bytes of optimizer state per parameter in mixed
@@ -15,8 +17,11 @@ weights and gradients; in fp32 training the weights are their own master copy,
 so 4 + 4 + 8.
 """
 import contextlib
+import weakref
 
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # Bytes per parameter of each category: (weights, gradients, optimizer state).
 PRECISIONS = {
@@ -80,6 +85,11 @@ class SavedTensors:
         self.tensors: list[torch.Tensor] = []
 
     def pack(self, tensor):
+        # Detached: a saved view that keeps its grad_fn would make a reference
+        # cycle through the graph, and a forward never followed by backward
+        # would then leak all its activations. Autograd restores the grad_fn
+        # when it unpacks.
+        tensor = tensor.detach()
         if tensor.untyped_storage().data_ptr() not in self._exclude:
             self.tensors.append(tensor)
         return tensor
@@ -116,3 +126,63 @@ def korthikanti_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1,
     if sp:
         return s * b * h / t * (34 + 5 * a * s / h)
     return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+
+
+class PeakTally(TorchDispatchMode):
+    """A tally of live storages while a block runs: ``live`` bytes now, ``peak`` so far.
+
+    A CPU stand-in for ``torch.cuda.max_memory_allocated``, which on GPUs asks
+    the caching allocator itself. Here every ATen operation is seen (below
+    autograd, so backward, recomputation and the optimizer too): a storage an
+    operation returns that no input shares is a new allocation, counted until
+    Python's weak reference to it says it was freed. The peak is taken
+    between operations, so a kernel's internal scratch space is not seen;
+    storages made before the block count only if passed as ``baseline``, and
+    ``torch.tensor(3.0)`` (built from Python data, no operation) is not seen.
+    """
+
+    def __init__(self, baseline=(), record=False):
+        super().__init__()
+        self._bytes = {}                      # storage key -> bytes counted
+        self.live = 0
+        self.trace = [] if record else None   # (operation name, live bytes after it)
+        for t in baseline:
+            if t is not None:
+                self._track(t.untyped_storage(), count=True)
+        self.peak = self.live
+
+    def _track(self, storage, count):
+        key = storage._cdata                  # the C++ StorageImpl's address
+        if key in self._bytes:
+            return
+        nbytes = storage.nbytes() if count else 0
+        self._bytes[key] = nbytes
+        self.live += nbytes
+        weakref.finalize(storage, self._free, key)
+
+    def _free(self, key):
+        self.live -= self._bytes.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        inputs = [t for t in pytree.tree_leaves((args, kwargs)) if torch.is_tensor(t)]
+        for t in inputs:                      # existed before: an alias, not new
+            self._track(t.untyped_storage(), count=False)
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if torch.is_tensor(t):
+                self._track(t.untyped_storage(), count=True)
+        self.peak = max(self.peak, self.live)
+        if self.trace is not None:
+            self.trace.append((func.__name__, self.live))
+        return out
+
+
+def peak_tally(baseline=(), record=False) -> PeakTally:
+    """``with peak_tally(model.parameters()) as tally: step()`` -> tally.peak, tally.live.
+
+    ``record=True`` also keeps ``tally.trace``, the live bytes after every operation.
+    On CPU this tallies live storages (see :class:`PeakTally`); on a GPU, use
+    ``torch.cuda.reset_peak_memory_stats()`` and ``torch.cuda.max_memory_allocated()``,
+    the allocator's own count.
+    """
+    return PeakTally(baseline, record)

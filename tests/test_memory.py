@@ -61,3 +61,81 @@ def test_korthikanti_table_2():
     tp = memory.korthikanti_activation_bytes(s, b, h, a, t=8)
     sp = memory.korthikanti_activation_bytes(s, b, h, a, t=8, sp=True)
     assert sp == none / 8 and sp < tp < none
+
+
+def test_peak_tally_counts_live_storages_and_frees():
+    base = torch.zeros(100)                          # 400 bytes before the block
+    with memory.peak_tally([base], record=True) as tally:
+        a = torch.ones(1000)                         # +4000
+        b = a.view(10, 100).t()                      # a view: no new storage
+        a.add_(1)                                    # in place: no new storage
+        assert tally.live == 4400 and b is not None
+        c = torch.ones(2000)                         # +8000 -> 12400
+        del a, b, c                                  # both freed
+        assert tally.live == 400
+        base.mul_(2)                                 # baseline in place: nothing new
+    assert tally.peak == 12400 and tally.live == 400
+    assert tally.trace[0][1] == 4400 and max(live for _, live in tally.trace) == 12400
+
+
+def test_peak_tally_sees_backward_and_the_optimizer():
+    model = models.GPT(models.GPTConfig(vocab_size=32, seq_len=8, hidden=16, layers=1))
+    psi = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters())
+    ids, targets = models.toy_tokens(2, 8, 32)
+    with memory.peak_tally(model.parameters()) as tally:
+        loss = model(ids, targets)
+        with memory.saved_tensors(exclude=model.parameters()) as saved:
+            model(ids, targets)                      # the same forward, its saves
+        activations = saved.bytes
+        del saved
+        loss.backward()
+        opt.step()
+    del loss                                         # grads and Adam state remain
+    # 4 + 4 + 8 bytes/param; Adam's `step` counters are made by torch.tensor()
+    # from a Python number, which dispatches no operation: the tally misses them.
+    assert tally.live == 16 * psi
+    assert tally.peak >= 4 * psi + 2 * activations   # both forwards' saves alive
+
+
+def test_saved_tensors_leaves_no_graph_behind_and_backward_agrees():
+    model = models.GPT(models.GPTConfig(vocab_size=32, seq_len=8, hidden=16, layers=1))
+    ids, targets = models.toy_tokens(2, 8, 32)
+    model(ids, targets).backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with memory.peak_tally(model.parameters()) as tally:
+        start = tally.live
+        with memory.saved_tensors(exclude=model.parameters()) as saved:
+            loss = model(ids, targets)
+        del saved, loss                 # never backwarded: everything is freed
+        assert tally.live == start
+    with memory.saved_tensors(exclude=model.parameters()):
+        loss = model(ids, targets)
+    loss.backward()
+    torch.testing.assert_close([p.grad for p in model.parameters()], plain, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU: compares the tally with the caching allocator")
+def test_peak_tally_agrees_with_torch_cuda_max_memory_allocated():
+    """The allocator also holds kernels' scratch space and rounds blocks: the tally is a bit lower."""
+    model = models.GPT(models.GPTConfig()).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    ids, targets = (t.cuda() for t in models.toy_tokens(8, 64, 256))
+
+    def step():
+        model(ids, targets).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()                                  # Adam's state and cuBLAS's workspace exist now
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with memory.peak_tally() as tally:
+        step()
+    torch.cuda.synchronize()
+    allocated = torch.cuda.max_memory_allocated() - before
+    assert 0.9 * allocated <= tally.peak <= allocated

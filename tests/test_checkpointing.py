@@ -1,0 +1,66 @@
+# Run: .venv/bin/python -m pytest tests/test_checkpointing.py
+"""labsupport.checkpointing: the memory chapter's checkpointed forward, and its notebook copy."""
+import ast
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from labsupport import checkpointing, memory, models
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "00_memory.ipynb"
+LESSON_TAG = "checkpointing-lesson"
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = models.GPTConfig(vocab_size=32, seq_len=16, hidden=32, heads=4, layers=2)
+    return models.GPT(cfg), models.toy_tokens(2, 16, 32)
+
+
+@pytest.mark.parametrize("policy,layer,core", [("none", 2, 2), ("selective", 2, 4),
+                                               ("full", 4, 4)])
+def test_every_policy_gives_the_models_gradients_bitwise(setup, policy, layer, core):
+    model, (ids, targets) = setup
+    model.zero_grad(set_to_none=True)
+    model(ids, targets).backward()
+    reference = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    checkpointing.CALLS.clear()
+    checkpointing.forward(model, ids, targets, policy).backward()
+    torch.testing.assert_close([p.grad for p in model.parameters()], reference,
+                               rtol=0, atol=0)
+    assert checkpointing.CALLS == {"layer": layer, "attention core": core}
+
+
+def test_checkpointing_holds_fewer_bytes(setup):
+    model, (ids, targets) = setup
+    held = {}
+    for policy in ("none", "selective", "full"):
+        with memory.peak_tally() as tally:
+            loss = checkpointing.forward(model, ids, targets, policy)
+            held[policy] = tally.live
+        del loss
+    assert held["full"] < held["selective"] < held["none"]
+
+
+def _definitions(source):
+    lines = source.splitlines()
+    found = {}
+    for node in ast.parse(source).body:
+        name = node.name if isinstance(node, ast.FunctionDef) else node.targets[0].id
+        assert name not in found, f"{name} is defined twice"
+        found[name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
+    return found
+
+
+def test_the_notebook_copy_is_identical():
+    source = Path(checkpointing.__file__).read_text()
+    package = _definitions(re.search(r"# --- lesson:.*?\n(.*)# --- end of lesson ---",
+                                     source, re.S).group(1))
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cells = [c.source for c in nb.cells if LESSON_TAG in c.metadata.get("tags", [])]
+    assert cells, f"no cell of {NOTEBOOK.name} is tagged {LESSON_TAG!r}"
+    assert _definitions("\n\n".join(cells)) == package
