@@ -50,12 +50,15 @@ def free_port():
         return s.getsockname()[1]
 
 
-def processes_of(user):
-    """Every live process started for this hub user (they inherit JUPYTERHUB_USER)."""
+def processes_of(user, hub_port):
+    """Every live process this hub started for user: they inherit JUPYTERHUB_USER,
+    and JUPYTERHUB_API_URL names this hub's port (another hub's users do not count)."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("JUPYTERHUB_USER") == user and proc.status() != "zombie":
+            env = proc.environ()
+            if (env.get("JUPYTERHUB_USER") == user and proc.status() != "zombie"
+                    and f":{hub_port}/" in env.get("JUPYTERHUB_API_URL", "")):
                 found.append(proc.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
@@ -65,8 +68,9 @@ def processes_of(user):
 class Hub:
     """The hub's REST API and each user's server, through the proxy."""
 
-    def __init__(self, url, admin_token):
+    def __init__(self, url, admin_token, hub_port):
         self.url, self.admin_token, self.tokens = url, admin_token, {}
+        self.hub_port = hub_port  # the hub's own API port, private to this run
         self.http = AsyncHTTPClient()
 
     async def api(self, method, path, token, body=None, ok=(200, 201, 202, 204)):
@@ -148,9 +152,9 @@ def hub(tmp_path_factory):
     assert PROXY.exists(), (f"{PROXY} is missing: run `make test` (or "
                             "`python3 scripts/fetch_proxy.py`), which installs it")
     tmp = tmp_path_factory.mktemp("hub")
-    port, token = free_port(), secrets.token_hex(16)
+    port, hub_port, token = free_port(), free_port(), secrets.token_hex(16)
     wrapper = tmp / "test_config.py"
-    wrapper.write_text(WRAPPER.format(config=str(CONFIG), hub_port=free_port(),
+    wrapper.write_text(WRAPPER.format(config=str(CONFIG), hub_port=hub_port,
                                       api_port=free_port(), token=token))
     env = {**os.environ, "COURSE_HUB_URL": f"http://127.0.0.1:{port}",
            "COURSE_HUB_HOME": str(tmp / "home" / "{username}"),
@@ -174,7 +178,7 @@ def hub(tmp_path_factory):
                 proc.kill()
                 pytest.fail(f"the hub did not start:\n{(tmp / 'hub.log').read_text()[-4000:]}")
             time.sleep(0.2)
-    yield Hub(url, token), tmp
+    yield Hub(url, token, hub_port), tmp
     proc.terminate()
     try:
         proc.wait(timeout=30)
@@ -257,11 +261,11 @@ def check_isolated(seen, mine, theirs):
     assert not set(mine["ranks"]) & set(theirs["ranks"])
 
 
-async def gone_within(user, seconds):
+async def gone_within(hub, user, seconds):
     deadline = time.monotonic() + seconds
-    while processes_of(user):
+    while processes_of(user, hub.hub_port):
         if time.monotonic() > deadline:
-            left = [psutil.Process(p).cmdline()[:3] for p in processes_of(user)]
+            left = [psutil.Process(p).cmdline()[:3] for p in processes_of(user, hub.hub_port)]
             raise AssertionError(f"{user}'s processes still there {seconds} s after stop: {left}")
         await asyncio.sleep(0.1)
 
@@ -321,13 +325,15 @@ async def scenario(hub, tmp):
 
     # 5. Stopping a server through the hub: nothing of that user left within 5 s,
     #    and its GPU goes back to the pool (carol now starts, on alice's GPU).
-    assert processes_of("alice")
+    await kernels["alice"].execute("cluster = ls.start(world_size=2); cluster.run(dist.barrier)")
+    for user in USERS:  # each: server, kernel, process server, 2 ranks (at least)
+        assert len(processes_of(user, hub.hub_port)) >= 5, f"{user}'s ranks should be running"
     await hub.api("DELETE", "hub/api/users/alice/server", hub.tokens["alice"])
-    await gone_within("alice", 5)
+    await gone_within(hub, "alice", 5)
     await hub.start_server("carol")
     log = (tmp / "hub.log").read_text()
     assert f"gpu_pool: carol gets CUDA_VISIBLE_DEVICES='{info['alice']['cuda']}'" in log
     for user in ("bob", "carol"):
         await hub.api("DELETE", f"hub/api/users/{user}/server", hub.tokens[user])
-    await asyncio.gather(gone_within("bob", 5), gone_within("carol", 5))
+    await asyncio.gather(gone_within(hub, "bob", 5), gone_within(hub, "carol", 5))
     print(f"hub scenario: {time.monotonic() - started:.1f} s")
