@@ -114,7 +114,7 @@ def _with_deadline(fn, deadline):
 
 def check_ranks(world_size, backend, deadline, probe):
     """One Check: ranks start and an all-reduce gives the right sum, in time."""
-    name = f"ranks + all-reduce ({backend}, {world_size} ranks)"
+    name = f"ranks + all-reduce ({backend}, {world_size} rank{'s' * (world_size != 1)})"
     try:
         got = _with_deadline(lambda: probe(world_size, backend, deadline), deadline)
     except TimeoutError as e:
