@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -170,7 +171,6 @@ def hub(tmp_path_factory):
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 pass
-            import urllib.request
             urllib.request.urlopen(url + "hub/api/", timeout=5)
             break
         except OSError:
@@ -278,38 +278,51 @@ def test_two_users_run_ranks_at_once_each_on_its_own_gpus_and_leave_nothing_behi
         raise AssertionError(f"{e}\n--- the hub's log:\n{(tmp / 'hub.log').read_text()[-6000:]}")
 
 
+async def together(kernels, go, codes):
+    """Run each user's code in their kernel at the same moment; their last JSON lines."""
+    runs = [kernels[u].execute(code) for u, code in zip(USERS, codes)]
+    go.touch()
+    return dict(zip(USERS, map(last_json, await asyncio.gather(*runs))))
+
+
 async def scenario(hub, tmp):
     started = time.monotonic()
-    _, reply = await hub.api("POST", "hub/api/users", hub.admin_token,
-                             body={"usernames": [*USERS, "carol"]})
+    await hub.api("POST", "hub/api/users", hub.admin_token,
+                  body={"usernames": [*USERS, "carol"]})
     await asyncio.gather(*(hub.login(u) for u in (*USERS, "carol")))
     await asyncio.gather(*(hub.start_server(u) for u in USERS))
     kernels = dict(zip(USERS, await asyncio.gather(*(hub.kernel(u) for u in USERS))))
+    info = await start_groups_together(kernels, tmp / "go-start")
+    await allreduce_together(kernels, tmp / "go-allreduce")
+    await neither_reaches_the_other(kernels, info)
+    await pool_refuses_then_stop_cleans_up(hub, kernels, info, tmp)
+    print(f"hub scenario: {time.monotonic() - started:.1f} s")
 
-    # 1. Both users start a 2-rank group at the same moment.
-    go = tmp / "go-start"
-    runs = [kernels[u].execute(START.format(go=str(go))) for u in USERS]
-    go.touch()
-    info = dict(zip(USERS, map(last_json, await asyncio.gather(*runs))))
+
+async def start_groups_together(kernels, go):
+    """1. Both users start a 2-rank group at the same moment, in the course environment."""
+    info = await together(kernels, go, [START.format(go=str(go))] * 2)
     for user in USERS:
         assert Path(info[user]["python"]).resolve() == Path(sys.executable).resolve(), \
             "the kernel runs in the course environment"
         assert Path(info[user]["labsupport"]).is_relative_to(ROOT)
         assert info[user]["backend"] == "gloo"  # the GPUs of the pool are fake here
     assert sorted(info[u]["cuda"] for u in USERS) == ["0", "1"], "one GPU each, not the same"
+    return info
 
-    # 2. Both all-reduce at the same time: right results, overlapping runs.
-    go = tmp / "go-allreduce"
-    runs = [kernels[u].execute(ALLREDUCE.format(go=str(go), tag=10 * i))
-            for i, u in enumerate(USERS)]
-    go.touch()
-    results = dict(zip(USERS, map(last_json, await asyncio.gather(*runs))))
+
+async def allreduce_together(kernels, go):
+    """2. Both all-reduce at the same time: right results, overlapping runs."""
+    results = await together(kernels, go, [ALLREDUCE.format(go=str(go), tag=10 * i)
+                                           for i in range(len(USERS))])
     for i, user in enumerate(USERS):
         assert [r[0] for r in results[user]] == [2.0 * 10 * i + 1] * 2, f"{user}: wrong sum"
     windows = [(min(r[1] for r in results[u]), max(r[2] for r in results[u])) for u in USERS]
     assert max(w[0] for w in windows) < min(w[1] for w in windows), "the runs did not overlap"
 
-    # 3. Neither group is reachable from the other user's kernel.
+
+async def neither_reaches_the_other(kernels, info):
+    """3. Neither group is reachable from the other user's kernel; cleanup stays local."""
     for me, them in (USERS, USERS[::-1]):
         mine = [psutil.Process(info[me]["ranks"][0]).ppid(), *info[me]["ranks"]]
         theirs = [psutil.Process(info[them]["ranks"][0]).ppid(), *info[them]["ranks"]]
@@ -318,13 +331,13 @@ async def scenario(hub, tmp):
     await kernels["alice"].execute("ls.shutdown()")
     assert last_json(await kernels["bob"].execute("print(cluster.run(lambda: 5))")) == [5, 5]
 
-    # 4. The pool is empty: a third user is refused, saying why.
+
+async def pool_refuses_then_stop_cleans_up(hub, kernels, info, tmp):
+    """4. A third user is refused, saying why. 5. A server stopped through the hub
+    leaves nothing of its user within 5 s, and its GPU goes to the third user."""
     with pytest.raises(AssertionError) as refused:
         await hub.start_server("carol")
     assert "No GPU free for carol" in str(refused.value)
-
-    # 5. Stopping a server through the hub: nothing of that user left within 5 s,
-    #    and its GPU goes back to the pool (carol now starts, on alice's GPU).
     await kernels["alice"].execute("cluster = ls.start(world_size=2); cluster.run(dist.barrier)")
     for user in USERS:  # each: server, kernel, process server, 2 ranks (at least)
         assert len(processes_of(user, hub.hub_port)) >= 5, f"{user}'s ranks should be running"
@@ -336,4 +349,3 @@ async def scenario(hub, tmp):
     for user in ("bob", "carol"):
         await hub.api("DELETE", f"hub/api/users/{user}/server", hub.tokens[user])
     await asyncio.gather(gone_within(hub, "bob", 5), gone_within(hub, "carol", 5))
-    print(f"hub scenario: {time.monotonic() - started:.1f} s")
