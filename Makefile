@@ -1,9 +1,9 @@
 # The two commands of the README, and their parts. Every step is idempotent
 # and skips its work when its inputs did not change, so a second run is fast.
 #   make book    environment, assets, then the book (executing every notebook)
-#   make test    environment, assets, chromium, then every test
+#   make test    environment, assets, chromium, the hub's proxy, then every test
 .DEFAULT_GOAL := book
-.PHONY: book test env assets chromium clean distclean
+.PHONY: book test env assets chromium proxy clean distclean
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -16,7 +16,7 @@ book: env assets
 	$(VENV)/bin/jupyter-book build . $(JB_FLAGS)
 	@echo "book: open file://$(CURDIR)/$(HTML)/index.html"
 
-test: env assets chromium
+test: env assets chromium proxy
 	$(PY) -m pytest
 
 env:
@@ -31,9 +31,15 @@ assets: env
 chromium:
 	scripts/ensure_chromium.sh
 
+# JupyterHub's proxy (configurable-http-proxy, npm, pinned by deploy/proxy/
+# package-lock.json) into deploy/proxy/node_modules/ for the hub test; never committed.
+proxy: env
+	scripts/apt_ensure.sh npm npm
+	$(PY) scripts/fetch_proxy.py
+
 # Build outputs and fetched assets; keeps .venv and the npm download cache.
 clean:
-	rm -rf _build assets/vendor assets/vendor.tmp .pytest_cache
+	rm -rf _build assets/vendor assets/vendor.tmp .pytest_cache deploy/proxy/node_modules
 
 distclean: clean
 	rm -rf $(VENV) .cache
