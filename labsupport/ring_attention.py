@@ -29,19 +29,20 @@ import torch.nn.functional as F
 
 # --- lesson: ring attention and Ulysses (the notebook's copy must match) ---
 
-SCORES = {"elements": 0, "largest_bytes": 0}  # score entries this rank computed
+SCORES = {"elements": 0, "largest_bytes": 0}  # this rank's score entries
 
 
 def block_attention(q, k, v, mask=None):
-    """Attention of a query block on one key/value block: output and log-sum-exp.
+    """Attention of a query block on one K/V block: output and log-sum-exp.
 
-    out = softmax(q kᵀ/√d) v over this block's keys only, and lse = log Σ_j
-    exp(s_ij), the row's normaliser: all a later merge needs (online softmax,
-    Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022, Sec. 3.1).
+    out = softmax(q kᵀ/√d) v over this block's keys only, and
+    lse = log Σ_j exp(s_ij), the row's normaliser: all that a later merge
+    needs (online softmax, Milakov & Gimelshein 2018, arXiv 1805.02867;
+    FlashAttention, Dao et al. 2022, arXiv 2205.14135, Sec. 3.1).
     ``mask`` (s_q, s_k) is True where a query may see a key; every row must
     see at least one key of the block.
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (b, a, s_q, s_k)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (b,a,s_q,s_k)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     SCORES["elements"] += scores.shape[-2] * scores.shape[-1]
@@ -83,6 +84,19 @@ def ring_exchange(send, recv):
             dist.irecv(recv, (rank - 1) % world_size)]
 
 
+def timed(tl, lane, name, **extra):
+    """A Timeline span around a block, or nothing when there is no Timeline."""
+    if tl is None:
+        return contextlib.nullcontext()
+    return tl.span(lane, name, **extra)
+
+
+def record_since(tl, lane, name, start, **extra):
+    """Record an event from ``start`` to now on the Timeline, if any."""
+    if tl is not None:
+        tl.record(lane, name, start, time.perf_counter(), **extra)
+
+
 def ring_forward(q, k, v, causal=False, seq_len=None, overlap=True, tl=None):
     """Ring attention, forward (Liu et al. 2023, arXiv 2310.01889, Alg. 1).
 
@@ -94,26 +108,27 @@ def ring_forward(q, k, v, causal=False, seq_len=None, overlap=True, tl=None):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     c = q.shape[-2]
     seq_len = c * world_size if seq_len is None else seq_len
-    q_pos = torch.arange(rank * c, (rank + 1) * c)
+    q_pos = torch.arange(rank * c, (rank + 1) * c, device=q.device)
     kv, out, lse = torch.stack([k, v]), None, None  # (2, b, a, c, d)
     for step in range(world_size):
         src, last = (rank - step) % world_size, step == world_size - 1
         incoming, works, posted = torch.empty_like(kv), [], time.perf_counter()
         if overlap and not last:
             works = ring_exchange(kv, incoming)
-        mask = block_mask(q_pos, torch.arange(src * c, (src + 1) * c),
-                          causal, seq_len)
+        k_pos = torch.arange(src * c, (src + 1) * c, device=q.device)
+        mask = block_mask(q_pos, k_pos, causal, seq_len)
         if mask.any():  # blocks wholly in the future are skipped
-            with _span(tl, "compute", "attn", block=src, step=step):
+            with timed(tl, "compute", "attn", block=src, step=step):
                 o, l = block_attention(q, kv[0], kv[1],
                                        None if mask.all() else mask)
             out, lse = (o, l) if out is None else lse_merge(out, lse, o, l)
         if not last:
             if not overlap:
-                posted, works = time.perf_counter(), ring_exchange(kv, incoming)
+                posted = time.perf_counter()
+                works = ring_exchange(kv, incoming)
             for work in works:
                 work.wait()
-            _record(tl, "comm", "K/V", posted, step=step)
+            record_since(tl, "comm", "K/V", posted, step=step)
             kv = incoming
     return out, lse  # (b, a, c, d), (b, a, c, 1)
 
@@ -146,14 +161,14 @@ def ring_backward(dout, q, k, v, out, lse, causal, seq_len):
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     c = q.shape[-2]
-    q_pos = torch.arange(rank * c, (rank + 1) * c)
+    q_pos = torch.arange(rank * c, (rank + 1) * c, device=q.device)
     delta = (dout * out).sum(-1, keepdim=True)  # (b, a, c, 1)
     dq = torch.zeros_like(q)
     block = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])
     for step in range(world_size):
         src = (rank - step) % world_size
-        mask = block_mask(q_pos, torch.arange(src * c, (src + 1) * c),
-                          causal, seq_len)
+        k_pos = torch.arange(src * c, (src + 1) * c, device=q.device)
+        mask = block_mask(q_pos, k_pos, causal, seq_len)
         if mask.any():
             dq += block_grads(q, dout, lse, delta, block,
                               None if mask.all() else mask)
@@ -170,7 +185,8 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal=False, seq_len=None):
-        seq_len = q.shape[-2] * dist.get_world_size() if seq_len is None else seq_len
+        if seq_len is None:
+            seq_len = q.shape[-2] * dist.get_world_size()
         out, lse = ring_forward(q, k, v, causal, seq_len)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.seq_len = causal, seq_len
@@ -178,7 +194,8 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        grads = ring_backward(dout, *ctx.saved_tensors, ctx.causal, ctx.seq_len)
+        grads = ring_backward(dout, *ctx.saved_tensors, ctx.causal,
+                              ctx.seq_len)
         return *grads, None, None
 
 
@@ -199,17 +216,18 @@ def seq_to_heads(x):
 
 
 def heads_to_seq(x):
-    """(b, a/N, s, d) head-sharded -> (b, a, s/N, d): the inverse all-to-all."""
+    """(b, a/N, s, d) head-sharded -> (b, a, s/N, d): the inverse."""
     world_size = dist.get_world_size()
     b, h, s, d = x.shape
-    send = x.reshape(b, h, world_size, s // world_size, d).permute(2, 0, 1, 3, 4)
+    send = x.reshape(b, h, world_size, s // world_size, d)
+    send = send.permute(2, 0, 1, 3, 4)  # (N, b, a/N, s/N, d)
     recv = torch.empty_like(send, memory_format=torch.contiguous_format)
     dist.all_to_all_single(recv, send.contiguous())  # (N, b, a/N, c, d)
     return recv.transpose(0, 1).reshape(b, world_size * h, s // world_size, d)
 
 
 class SeqToHeads(torch.autograd.Function):
-    """seq_to_heads forward; its gradient goes back by the inverse all-to-all."""
+    """seq_to_heads forward; the gradient goes back by the inverse."""
 
     @staticmethod
     def forward(ctx, x):
@@ -281,12 +299,3 @@ def unshard(blocks, seq_len):
 def reset_scores():
     """Zero the score counter of this rank (see block_attention)."""
     SCORES.update(elements=0, largest_bytes=0)
-
-
-def _span(tl, lane, name, **extra):
-    return tl.span(lane, name, **extra) if tl is not None else contextlib.nullcontext()
-
-
-def _record(tl, lane, name, start, **extra):
-    if tl is not None:
-        tl.record(lane, name, start, time.perf_counter(), **extra)
