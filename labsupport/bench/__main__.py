@@ -6,6 +6,7 @@
     python -m labsupport.bench ddp            # chapter 3's data-parallel versions vs DDP
     python -m labsupport.bench pipeline       # chapter 5's measured bubbles vs the formulas
     python -m labsupport.bench memory         # chapter 0: bytes counted vs the formulas
+    python -m labsupport.bench ring_attention # chapter 6's ring: overlap, causal imbalance, vs SDPA
     python -m labsupport.bench <name> --help
 """
 import importlib
@@ -18,6 +19,7 @@ BENCHMARKS = {
     "ddp": "labsupport.bench.ddp",
     "pipeline": "labsupport.bench.pipeline",
     "memory": "labsupport.bench.memory",
+    "ring_attention": "labsupport.bench.ring_attention",
 }
 
 

@@ -7,11 +7,25 @@
 - ``checks``: each check, its cases and the messages for a wrong answer;
 - ``diagnosis``: running on the ranks with a deadline (``TIMEOUT``) and turning
   an exception or a hang into advice;
-- ``deadlock``: which message each stuck rank waited for, from its ``p2p_log``.
+- ``deadlock``: which message each stuck rank waited for, from its ``p2p_log``;
+- one module per assignment or chapter exercise beyond the collectives
+  (``ls.grading.<name>``, imported on first use): see ``_CHECKS``.
 """
+import importlib
+
 from labsupport.grading.checks import (SIZES, WORLD_SIZES, assert_rules, check_all_gather,
                                        check_allreduce, check_reduce_scatter, run)
 from labsupport.grading.diagnosis import TIMEOUT
 
 __all__ = ["SIZES", "TIMEOUT", "WORLD_SIZES", "assert_rules", "check_all_gather",
            "check_allreduce", "check_reduce_scatter", "run"]
+
+# The checks of later assignments and chapters' your-turn cells, reached as
+# ``ls.grading.<name>`` and imported on first use (they import torch's extras).
+_CHECKS = {"memory", "ring_attention"}
+
+
+def __getattr__(name):
+    if name in _CHECKS:
+        return importlib.import_module(f"labsupport.grading.{name}")
+    raise AttributeError(f"module 'labsupport.grading' has no attribute {name!r}")

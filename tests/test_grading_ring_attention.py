@@ -1,0 +1,225 @@
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_ring_attention.py   (add -m "not slow": the checks alone)
+"""Assignment 6 (zig-zag ring attention): its checks, then the real nbgrader pipeline.
+
+Layer 1 (unit): labsupport.grading.ring_attention's checks pass a correct
+zig-zag ring and fail each plausible wrong one with the message that tells
+the student what to fix (a contiguous layout is right but unbalanced; a
+wrong merge; q sent too; a collective; a deadlock ends at the deadline).
+Layer 4 (slow): `nbgrader generate_assignment`, `autograde` and `export` on
+the assignment with five submissions whose scores per test cell are known.
+"""
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import labsupport as ls
+from grading_zigzag import (
+    all_gather_attention, blocking_attention, contiguous_positions, contiguous_ring_attention,
+    overlapping_positions, sends_q_too_attention, wrong_merge_attention, zigzag_positions,
+    zigzag_ring_attention)
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSIGNMENT = "zigzag_ring_attention"
+SOURCE = ROOT / "notebooks" / "assignments" / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+DEADLINE = 4  # s, LABSUPPORT_GRADING_TIMEOUT of the autograde run below
+SHORT = 2.0  # s, deadline of the unit test that deadlocks on purpose
+g = ls.grading.ring_attention
+
+
+def fails(check, *args, **kwargs) -> str:
+    with pytest.raises(AssertionError) as info:
+        check(*args, **kwargs)
+    return str(info.value)
+
+
+# -- layer 1: the checks ----------------------------------------------------------------
+
+def test_the_zigzag_ring_passes_every_check():
+    g.check_positions(zigzag_positions)
+    g.check_output(zigzag_positions, zigzag_ring_attention, lengths=(8, 16, 24, 40))
+    g.check_traffic(zigzag_positions, zigzag_ring_attention)
+    g.check_balance(zigzag_positions, zigzag_ring_attention)
+
+
+def test_contiguous_blocks_are_right_but_lose_the_balance_check():
+    g.check_output(contiguous_positions, contiguous_ring_attention)
+    g.check_traffic(contiguous_positions, contiguous_ring_attention)
+    text = fails(g.check_balance, contiguous_positions, contiguous_ring_attention)
+    assert "unbalanced on 2 ranks" in text and "[4.0, 8.0]" in text  # 1 and 2 blocks of 4 units
+    assert "chunks r and 2N-1-r" in text
+    text = fails(g.check_balance, contiguous_positions, contiguous_ring_attention,
+                 world_sizes=(4,))
+    assert "[4.0, 8.0, 12.0, 16.0]" in text and "rank 3 does 16" in text
+
+
+def test_a_wrong_merge_fails_the_output_check_and_names_the_position():
+    text = fails(g.check_output, zigzag_positions, wrong_merge_attention, world_sizes=(2,))
+    assert "is not causal attention on 2 ranks, s=8" in text
+    assert "sequence position" in text and "log-sum-exp merge" in text
+
+
+def test_positions_held_twice_fail_with_the_positions():
+    text = fails(g.check_positions, overlapping_positions)
+    assert "positions [0, 1, 2, 3] are held by more than one rank" in text
+    text = fails(g.check_positions, lambda s, r, n: list(range(s // n)))
+    assert "give a 1-D integer tensor of 4 positions" in text
+
+
+def test_sending_q_too_fails_the_traffic_check():
+    g.check_output(zigzag_positions, sends_q_too_attention, world_sizes=(2,), lengths=(8,))
+    text = fails(g.check_traffic, zigzag_positions, sends_q_too_attention)
+    assert "rank 0: 1.5" in text and "expected 1 each" in text and "Sending more" in text
+
+
+def test_a_collective_is_refused():
+    text = fails(g.check_output, zigzag_positions, all_gather_attention, world_sizes=(2,))
+    assert "called a collective (rank 0: dist.all_gather (2x)" in text
+
+
+def test_a_deadlock_ends_at_the_deadline_with_an_explanation():
+    text = fails(g.check_output, zigzag_positions, blocking_attention, world_sizes=(2,),
+                 timeout=SHORT)
+    assert "did not finish within 2 s on 2 ranks" in text and "dist.send" in text
+
+
+# -- layer 4: nbgrader on assignment 6 ----------------------------------------------------
+
+CONTIGUOUS_POSITIONS = '''
+def zigzag_positions(seq_len, rank, world_size):
+    c = seq_len // world_size  # contiguous, not zig-zag
+    return torch.arange(rank * c, (rank + 1) * c)
+'''.strip()
+CONTIGUOUS_ATTENTION = '''
+def zigzag_ring_attention(q, k, v):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    c = q.shape[-2]
+    q_pos = torch.arange(rank * c, (rank + 1) * c)
+    kv, out, lse = torch.stack([k, v]), None, None
+    for step in range(world_size):
+        src = (rank - step) % world_size
+        incoming, requests = torch.empty_like(kv), []
+        if step < world_size - 1:
+            requests = [dist.isend(kv, (rank + 1) % world_size),
+                        dist.irecv(incoming, (rank - 1) % world_size)]
+        if src <= rank:
+            k_pos = torch.arange(src * c, (src + 1) * c)
+            o, l = block_attention(q, kv[0], kv[1], k_pos[None, :] <= q_pos[:, None])
+            out, lse = (o, l) if out is None else lse_merge(out, lse, o, l)
+        for request in requests:
+            request.wait()
+        kv = incoming
+    return out
+'''.strip()
+AVERAGE = "def average_merge(out, lse, o, l):\n    return (out + o) / 2, torch.logaddexp(lse, l)\n\n\n"
+SENDS = ("requests = [dist.isend(kv, (rank + 1) % world_size),\n"
+         "                        dist.irecv(incoming, (rank - 1) % world_size)]")
+BLOCKING = ("dist.send(kv, (rank + 1) % world_size)\n"
+            "            dist.recv(incoming, (rank - 1) % world_size)")
+# name -> (zigzag_positions cell, zigzag_ring_attention cell); None: the reference's,
+# "stub": the untouched student version's; a function: applied to the reference's.
+SUBMISSIONS = {
+    "reference": (None, None),
+    "untouched": ("stub", "stub"),
+    "contiguous": (CONTIGUOUS_POSITIONS, CONTIGUOUS_ATTENTION),
+    "wrong_merge": (None, lambda src: AVERAGE + src.replace("lse_merge(", "average_merge(")),
+    "deadlock": (None, lambda src: src.replace(SENDS, BLOCKING)),
+}
+CELLS = {"test_positions": 1, "test_output_2": 2, "test_output_4": 3, "test_traffic": 2,
+         "test_balance": 2}
+FAILED = {  # submission -> the test cells that score zero, and what their message says
+    "reference": {},
+    "untouched": dict.fromkeys(CELLS, "NotImplementedError"),
+    "contiguous": {"test_balance": "is unbalanced on 2 ranks"},
+    "wrong_merge": dict.fromkeys(("test_output_2", "test_output_4"), "log-sum-exp merge"),
+    "deadlock": dict.fromkeys(("test_output_2", "test_output_4", "test_traffic",
+                               "test_balance"), "did not finish within 4 s"),
+}
+
+
+def nbgrader(*args, course: Path, timeout=300, env=None):
+    cmd = [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={course}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, \
+        f"nbgrader {' '.join(args)} failed:\n{proc.stdout[-3000:]}{proc.stderr[-5000:]}"
+    return proc
+
+
+def submission(release: Path, source_nb, positions, attention):
+    nb = nbformat.read(release, as_version=4)
+    reference = {c.metadata["nbgrader"]["grade_id"]: c.source for c in source_nb.cells}
+    for c in nb.cells:
+        gid = c.metadata.get("nbgrader", {}).get("grade_id")
+        choice = {"zigzag_positions": positions, "zigzag_ring_attention": attention}.get(
+            gid, "stub")
+        if choice is None:
+            c.source = reference[gid]
+        elif callable(choice):
+            c.source = choice(reference[gid])
+            assert c.source != reference[gid], f"the {gid} edit changed nothing"
+        elif choice != "stub":
+            c.source = choice
+    return nb
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    course = tmp_path_factory.mktemp("course")
+    shutil.copytree(SOURCE.parent, course / "source" / ASSIGNMENT)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               LABSUPPORT_GRADING_TIMEOUT=str(DEADLINE))
+    nbgrader("generate_assignment", ASSIGNMENT, "--force", course=course, env=env)
+    release = course / "release" / ASSIGNMENT / SOURCE.name
+    source_nb = nbformat.read(SOURCE, as_version=4)
+    for student, (positions, attention) in SUBMISSIONS.items():
+        folder = course / "submitted" / student / ASSIGNMENT
+        folder.mkdir(parents=True)
+        nbformat.write(submission(release, source_nb, positions, attention),
+                       folder / SOURCE.name)
+    nbgrader("autograde", ASSIGNMENT, "--force", course=course, env=env, timeout=500)
+    nbgrader("export", f"--to={course / 'grades.csv'}", course=course, env=env)
+    return dict(course=course, env=env, release=release)
+
+
+@pytest.mark.slow
+def test_the_student_version_has_stubs_and_no_hidden_tests(graded):
+    release = graded["release"].read_text()
+    assert "### BEGIN SOLUTION" not in release and "HIDDEN TESTS" not in release
+    assert "lengths=(40,)" not in release
+    assert release.count("raise NotImplementedError()") == 2
+
+
+@pytest.mark.slow
+def test_exported_grades_are_the_expected_totals(graded):
+    with open(graded["course"] / "grades.csv", newline="") as f:
+        rows = {row["student_id"]: row for row in csv.DictReader(f)}
+    expected = {s: sum(p for c, p in CELLS.items() if c not in FAILED[s]) for s in SUBMISSIONS}
+    assert {s: float(rows[s]["score"]) for s in SUBMISSIONS} == expected
+    assert expected == {"reference": 10, "untouched": 0, "contiguous": 8, "wrong_merge": 5,
+                        "deadlock": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student", SUBMISSIONS)
+def test_each_test_cell_scores_as_expected_with_a_helpful_message(graded, student):
+    from nbgrader.api import Gradebook
+    os.environ["PATH"] = graded["env"]["PATH"]  # Gradebook runs `alembic` too
+    with Gradebook(f"sqlite:///{graded['course'] / 'gradebook.db'}") as gb:
+        scores = {name: gb.find_grade(name, ASSIGNMENT, ASSIGNMENT, student).score
+                  for name in CELLS}
+    assert scores == {name: 0 if name in FAILED[student] else points
+                      for name, points in CELLS.items()}
+    nb = nbformat.read(graded["course"] / "autograded" / student / ASSIGNMENT / SOURCE.name, 4)
+    errors = {c.id: "\n".join("\n".join(o.traceback) for o in c.outputs
+                              if o.output_type == "error")
+              for c in nb.cells if c.cell_type == "code"}
+    for name, message in FAILED[student].items():
+        cell_id = name.replace("_", "-")
+        assert message in errors[cell_id], f"{name}:\n{errors[cell_id]}"
+    assert (errors["try-zigzag"] != "") == (student in ("untouched", "deadlock"))
