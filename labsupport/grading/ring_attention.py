@@ -16,8 +16,6 @@ an explanation, never a hung grader) and raises AssertionError with a message
 a student can act on. Work per rank is counted by
 ``labsupport.ring_attention.block_attention``, which the student must use for
 every score block, in units of one chunk-block, (s/2N)^2 score entries.
-
-(The lead moves this module into the ``labsupport.grading`` package.)
 """
 import functools
 
@@ -25,7 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from labsupport import grading, ring_attention
+from labsupport import ring_attention
+from labsupport.grading import checks as grading
 
 WORLD_SIZES = (2, 4)
 LENGTHS = (8, 16, 24)  # multiples of 2N for N = 2 and 4
