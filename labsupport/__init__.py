@@ -22,6 +22,7 @@ __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "current", "devi
 # ``import labsupport`` stays light (it does not import torch by itself).
 _SUBMODULES = {"bench", "bubbles", "ddp", "ddp_probe", "diagrams", "grading", "models",
                "pipeline", "pipeline_sim", "plots", "ring", "timeline", "traffic", "chapter_checks",
+               "profiling",
                "your_turn"}
 
 

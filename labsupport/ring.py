@@ -113,7 +113,8 @@ def ring_allreduce(tensor, segment_bytes=SEGMENT_BYTES):
     """The chunked ring, optimised: segments, double buffer, overlap.
 
     ring_allreduce_simple's algorithm, with each chunk sent in segments and
-    the addition of one segment overlapping the arrival of the next. Patarasuk & Yuan (2009), JPDC 69(2); Baidu's ring allreduce (Gibiansky,
+    the addition of one segment overlapping the arrival of the next.
+    Patarasuk & Yuan (2009), JPDC 69(2); Baidu's ring allreduce (Gibiansky,
     2017). Each rank sends 2(N-1) chunks of S/N bytes: 2(N-1)/N·S in all.
     """
     if not tensor.is_contiguous():
