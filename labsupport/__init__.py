@@ -21,10 +21,10 @@ __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "current", "devi
 
 # Submodules a chapter reaches as ``ls.<name>``, imported on first use so that
 # ``import labsupport`` stays light (it does not import torch by itself).
-_SUBMODULES = {"bench", "bubbles", "checkpointing", "ddp", "ddp_probe", "diagrams",
-               "doctor", "grading", "memory", "memory_calc", "models", "pipeline",
-               "pipeline_sim", "plots", "ring", "ring_attention", "sweep", "timeline",
-               "traffic", "your_turn"}
+_SUBMODULES = {"bench", "bubbles", "chapter_checks", "checkpointing", "ddp", "ddp_probe",
+               "diagrams", "doctor", "grading", "memory", "memory_calc", "models",
+               "pipeline", "pipeline_sim", "plots", "profiling", "ring", "ring_attention",
+               "sweep", "timeline", "traffic", "your_turn"}
 
 
 def __getattr__(name):

@@ -20,15 +20,33 @@ PyTorch's DistributedDataParallel does:
 
 The notebook notebooks/03_data_parallel.ipynb writes the same code in its
 cells; tests/test_ddp.py keeps both copies identical, so edit them together.
-The mean is a SUM all-reduce and a division by N, written out (as DDP's own
-hooks do) where ``ReduceOp.AVG`` would hide it; chapter 3's first exercise
-removes the division to see what breaks.
+Every version starts by copying rank 0's parameters and buffers to every
+rank (``broadcast_parameters``), as DDP's constructor does, so ranks whose
+models were built differently still train one model. The mean is a SUM
+all-reduce and a division by N, written out where ``ReduceOp.AVG`` would hide
+it; here the division comes after the all-reduce (fp32 sums of these sizes
+cannot overflow), where DDP's hooks divide before it (``allreduce_hook`` in
+torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py), which keeps
+low-precision sums in range. Chapter 3's first exercise removes the division
+to see what breaks.
 """
 import contextlib
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+
+def broadcast_parameters(module):
+    """Copy rank 0's parameters and buffers to every rank, in place.
+
+    What DDP's constructor does (``_sync_module_states`` in
+    torch/distributed/utils.py): every parameter, frozen ones included, and
+    every buffer. Tied weights are one tensor, sent once.
+    """
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor, src=0)
 
 
 class DataParallelNaive(nn.Module):
@@ -44,6 +62,7 @@ class DataParallelNaive(nn.Module):
         super().__init__()
         self.module = module
         self.world_size = dist.get_world_size()
+        broadcast_parameters(module)  # every rank starts from rank 0's model
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)

@@ -138,14 +138,25 @@ def ring_slider(snapshots, title):
 
 
 def bandwidth(rows, title="bus bandwidth against message size"):
-    """busbw (GB/s) against S: a colour per op, a dash per N (sweep.Row objects)."""
+    """busbw (GB/s) against S: a colour per op, a dash per N (sweep.Row objects);
+    error bars from the fastest to the slowest repeat."""
     fig = go.Figure(layout=dict(
         title=title, xaxis=dict(title="message size S (bytes)", type="log", dtick=1),
         yaxis=dict(title="busbw (GB/s)")))
     for (label, n), group in _by_curve(rows).items():
         fig.add_scatter(x=[r.nbytes for r in group], y=[r.busbw / 1e9 for r in group],
-                        name=f"{label}, N={n}", mode="lines+markers", **_style(rows, label, n))
+                        name=f"{label}, N={n}", mode="lines+markers", error_y=_spread(group),
+                        **_style(rows, label, n))
     return fig
+
+
+def _spread(group):
+    """Error bars from the fastest to the slowest repeat (rows that carry them)."""
+    if not all(r.fastest and r.slowest for r in group):
+        return None
+    up = [(r.busbw * r.seconds / r.fastest - r.busbw) / 1e9 for r in group]
+    down = [(r.busbw - r.busbw * r.seconds / r.slowest) / 1e9 for r in group]
+    return dict(type="data", symmetric=False, array=up, arrayminus=down)
 
 
 def alpha_beta(rows, fits, title="time per call and the α-β fit"):

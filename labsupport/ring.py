@@ -3,6 +3,10 @@
     from labsupport import ring
     ring.ring_allreduce(t)          # in place, on every rank: t = sum over ranks
     ring.ring_allreduce_naive(t)    # the whole-buffer ring, for contrast
+    ring.ring_allreduce_simple(t)   # the chunked ring, plainly (the lesson)
+
+Chunk convention: after the reduce-scatter rank r holds the sum of chunk r of
+``t.view(-1).tensor_split(world_size)``, as ``dist.reduce_scatter_tensor`` does.
 
 The functions between the two marker lines below are the lesson: chapter 2
 (notebooks/02_ring_allreduce.ipynb) shows them in full, and
@@ -43,6 +47,27 @@ def ring_allreduce_naive(tensor):
     return tensor
 
 
+def ring_allreduce_simple(tensor):
+    """Chunked ring all-reduce, plainly: ring reduce-scatter, then all-gather.
+
+    Patarasuk & Yuan (2009). Reduce-scatter step k: send chunk rank-k-1 right,
+    add chunk rank-k-2 from the left; after N-1 steps rank r holds the sum of
+    chunk r. All-gather step k: pass chunk rank-k on, receive chunk rank-k-1.
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    chunks = tensor.view(-1).tensor_split(world_size)  # sizes differ by <= 1
+    for step in range(world_size - 1):  # reduce-scatter
+        mine = chunks[(rank - step - 2) % world_size]
+        incoming = torch.empty_like(mine)
+        exchange(chunks[(rank - step - 1) % world_size], right, incoming, left)
+        mine += incoming
+    for step in range(world_size - 1):  # all-gather
+        exchange(chunks[(rank - step) % world_size], right,
+                 chunks[(rank - step - 1) % world_size], left)
+    return tensor
+
+
 SEGMENT_BYTES = 2**20  # 1 MiB: big enough to amortise a message's cost
 
 
@@ -69,24 +94,26 @@ def send_and_reduce(send_chunk, dst, recv_chunk, src, scratch):
 
 
 def reduce_scatter_step(chunks, step, scratch):
-    """Step k: send chunk rank-k right; add chunk rank-k-1 from the left."""
+    """Step k: send chunk rank-k-1 right; add chunk rank-k-2 from the left."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
-    send_and_reduce(chunks[(rank - step) % world_size], right,
-                    chunks[(rank - step - 1) % world_size], left, scratch)
+    send_and_reduce(chunks[(rank - step - 1) % world_size], right,
+                    chunks[(rank - step - 2) % world_size], left, scratch)
 
 
 def all_gather_step(chunks, step):
-    """Step k: pass the finished chunk rank+1-k on; receive chunk rank-k."""
+    """Step k: pass the finished chunk rank-k on; receive chunk rank-k-1."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
-    exchange(chunks[(rank + 1 - step) % world_size], right,
-             chunks[(rank - step) % world_size], left)
+    exchange(chunks[(rank - step) % world_size], right,
+             chunks[(rank - step - 1) % world_size], left)
 
 
 def ring_allreduce(tensor, segment_bytes=SEGMENT_BYTES):
-    """Ring all-reduce, in place: ring reduce-scatter, then ring all-gather.
+    """The chunked ring, optimised: segments, double buffer, overlap.
 
+    ring_allreduce_simple's algorithm, with each chunk sent in segments and
+    the addition of one segment overlapping the arrival of the next.
     Patarasuk & Yuan (2009), JPDC 69(2); Baidu's ring allreduce (Gibiansky,
     2017). Each rank sends 2(N-1) chunks of S/N bytes: 2(N-1)/N·S in all.
     """

@@ -54,6 +54,8 @@ class Row:
     seconds: float
     algbw: float
     busbw: float
+    fastest: float = 0.0  # seconds of the fastest and slowest repeat: the spread
+    slowest: float = 0.0
 
 
 def busbw_factor(kind: str, world_size: int) -> float:
@@ -91,12 +93,13 @@ def run(cluster, ops, nbytes_list, *, kind: str = "all_reduce", warmup: int = 2,
             raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
     seconds = cluster.run(measure, ops, nbytes_list, warmup, repeats, dtype, timeout=timeout)[0]
     n = cluster.world_size
-    return [_row(label, n, s, seconds[label][i], _kind(op, kind))
+    return [_row(label, n, s, *seconds[label][i], _kind(op, kind))
             for i, s in enumerate(nbytes_list) for label, op in ops.items()]
 
 
 def measure(ops, nbytes_list, warmup, repeats, dtype=None) -> dict:
-    """On every rank: {label: [median seconds of the slowest rank, by size]}."""
+    """On every rank: {label: [(median, fastest, slowest) seconds, by size]}, each
+    repeat timed on its slowest rank."""
     import torch
     import torch.distributed as dist
     from labsupport.launch.identity import device
@@ -114,7 +117,8 @@ def measure(ops, nbytes_list, warmup, repeats, dtype=None) -> dict:
                 times[i, r] = _timed(call, batch)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a call lasts until its slowest rank
         for label, row in zip(calls, times.cpu()):
-            medians[label].append(statistics.median(row.tolist()))
+            t = row.tolist()
+            medians[label].append((statistics.median(t), min(t), max(t)))
     return medians
 
 
@@ -165,9 +169,10 @@ def _timed(call, batch) -> float:
     return (time.perf_counter() - start) / batch
 
 
-def _row(label, world_size, nbytes, seconds, kind) -> Row:
+def _row(label, world_size, nbytes, seconds, fastest, slowest, kind) -> Row:
     algbw = nbytes / seconds
-    return Row(label, world_size, nbytes, seconds, algbw, algbw * busbw_factor(kind, world_size))
+    return Row(label, world_size, nbytes, seconds, algbw,
+               algbw * busbw_factor(kind, world_size), fastest, slowest)
 
 
 def _kind(op, kind):

@@ -22,7 +22,7 @@ from labsupport import ddp, ddp_probe, models, timeline
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "03_data_parallel.ipynb"
 MARKER = re.compile(r"# Kept equal to labsupport\.ddp\.(\w+) by tests/test_ddp\.py\n")
-LESSON_NAMES = {"DataParallelNaive", "DataParallelOverlap", "bucket_params", "DataParallelBucket"}
+LESSON_NAMES = {"broadcast_parameters", "DataParallelNaive", "DataParallelOverlap", "bucket_params", "DataParallelBucket"}
 SIZES = dict(d_in=8, width=32, depth=3, d_out=4)   # 4 Linear layers: 8 parameter tensors
 BATCH, STEPS, LR = 16, 3, 0.1
 TOL = dict(rtol=1e-6, atol=1e-7)  # fp32 rounding of another summation order, no more
@@ -97,6 +97,87 @@ def test_notebook_lesson_cells_are_the_package_code():
         package = inspect.getsource(getattr(ddp, name))
         assert source.strip("\n") == package.strip("\n"), (
             f"the notebook's {name} differs from labsupport/ddp.py: edit both together")
+
+
+# -- every rank starts from rank 0's model, as with DDP -------------------------------
+
+class TiedFrozen(torch.nn.Module):
+    """An embedding tied to the output layer, a frozen layer and a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 6)
+        self.frozen = torch.nn.Linear(6, 6)
+        self.frozen.requires_grad_(False)
+        self.norm = torch.nn.BatchNorm1d(6)  # buffers: running mean and variance
+        self.out = torch.nn.Linear(6, 10, bias=False)
+        self.out.weight = self.embed.weight  # tied
+
+    def forward(self, tokens):
+        return self.out(self.norm(self.frozen(self.embed(tokens))))
+
+
+def states(module):
+    return [t.detach().clone() for t in [*module.parameters(), *module.buffers()]]
+
+
+def train_seeded_by_rank(wrap, steps=2):
+    """Build the model with a seed of this rank's own; train on the same data everywhere."""
+    torch.manual_seed(100 + dist.get_rank())
+    model = TiedFrozen()
+    with torch.no_grad():
+        model.norm.running_mean.add_(dist.get_rank())  # differing buffers too
+    model = wrap(model)
+    start = states(model.module)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    tokens = torch.arange(8) % 10
+    for _ in range(steps):
+        F.cross_entropy(model(tokens), tokens).backward()
+        model.sync_gradients()
+        optimizer.step()
+        optimizer.zero_grad()
+    tied = model.module.out.weight is model.module.embed.weight
+    return start, states(model.module), tied
+
+
+@pytest.mark.parametrize("name", ["naive", "overlapped", "bucketed", "DDP"])
+def test_ranks_seeded_differently_start_and_end_equal_frozen_tied_and_buffers(name):
+    wrap = dict(naive=ddp.DataParallelNaive, overlapped=ddp.DataParallelOverlap,
+                bucketed=bucketed(64), DDP=TorchDDP)[name]
+    out = ls.run(train_seeded_by_rank, wrap, world_size=2)
+    (start0, end0, tied0), (start1, end1, tied1) = out
+    assert tied0 and tied1, "the wrapper must keep the tied weight one tensor"
+    for a, b in zip(start0, start1):  # parameters (frozen and tied) and buffers
+        assert torch.equal(a, b)
+    for a, b in zip(end0, end1):
+        assert torch.equal(a, b)
+
+
+def test_without_the_broadcast_ranks_seeded_differently_train_different_models():
+    class NoBroadcast(ddp.DataParallelNaive):
+        def __init__(self, module):
+            torch.nn.Module.__init__(self)
+            self.module, self.world_size = module, dist.get_world_size()
+
+    (start0, end0, _), (start1, end1, _) = ls.run(train_seeded_by_rank, NoBroadcast,
+                                                  world_size=2)
+    assert not torch.equal(start0[0], start1[0]) and not torch.equal(end0[0], end1[0])
+
+
+def test_broadcast_parameters_copies_rank_0_in_place():
+    def run():
+        torch.manual_seed(dist.get_rank())
+        model = TiedFrozen()
+        weight = model.embed.weight
+        ddp.broadcast_parameters(model)
+        assert model.embed.weight is weight  # the same tensor, overwritten
+        return states(model)
+
+    torch.manual_seed(0)
+    want = states(TiedFrozen())
+    for got in ls.run(run, world_size=2):
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
 
 
 # -- parity through the launcher ------------------------------------------------------

@@ -23,7 +23,7 @@ from labsupport import ring, traffic
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "02_ring_allreduce.ipynb"
 LESSON_TAG = "ring-lesson"
 SIZES = [1, 2, 3, 10, 1001, 65_537, 300_007]
-RINGS = ("ring_allreduce_naive", "ring_allreduce")
+RINGS = ("ring_allreduce_naive", "ring_allreduce_simple", "ring_allreduce")
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda n: f"world_size={n}")
@@ -46,6 +46,7 @@ def _parity(sizes, segment_bytes, dtype):
         want = x.clone()
         dist.all_reduce(want)
         got = {"ring_allreduce_naive": ring.ring_allreduce_naive(x.clone()),
+               "ring_allreduce_simple": ring.ring_allreduce_simple(x.clone()),
                "ring_allreduce": ring.ring_allreduce(x.clone(), segment_bytes)}
         failures += [(name, numel) for name, t in got.items() if not torch.equal(t, want)]
     return failures
@@ -97,16 +98,35 @@ def test_payload_bytes_are_the_formulas(cluster):
     for counts in cluster.run(_payload, numel):
         assert counts["ring_allreduce_naive"] == ((n - 1) * s,) * 2
         assert counts["ring_allreduce"] == (2 * (n - 1) * s // n,) * 2
+        assert counts["ring_allreduce_simple"] == counts["ring_allreduce"]
 
 
 def test_payload_when_n_does_not_divide_the_size(cluster):
     n, numel = cluster.world_size, 1001 * 4 + 1
     sizes = [c.numel() for c in torch.empty(numel).tensor_split(n)]
     for rank, counts in enumerate(cluster.run(_payload, numel)):
-        # rank r sends every chunk but r+1 (reduce-scatter), every one but r+2
+        # rank r sends every chunk but r (reduce-scatter), every one but r+1
         # (all-gather): 2S less those two chunks.
-        skipped = sizes[(rank + 1) % n] + sizes[(rank + 2) % n] if n > 1 else 2 * numel
+        skipped = sizes[rank] + sizes[(rank + 1) % n] if n > 1 else 2 * numel
         assert counts["ring_allreduce"][0] == 4 * (2 * numel - skipped)
+        assert counts["ring_allreduce_simple"][0] == 4 * (2 * numel - skipped)
+
+
+def _after_reduce_scatter(numel):
+    """This rank's tensor after the reduce-scatter half of the optimised ring."""
+    x = _input(dist.get_rank(), numel)
+    chunks = x.view(-1).tensor_split(dist.get_world_size())
+    scratch = x.new_empty(2, 3)  # 3-float segments: several per chunk
+    for step in range(dist.get_world_size() - 1):
+        ring.reduce_scatter_step(chunks, step, scratch)
+    return x
+
+
+def test_the_reduce_scatter_leaves_chunk_r_on_rank_r_like_dist_reduce_scatter(cluster):
+    n, numel = cluster.world_size, 1001
+    want = sum(_input(r, numel) for r in range(n)).tensor_split(n)
+    for rank, got in enumerate(cluster.run(_after_reduce_scatter, numel)):
+        assert torch.equal(got.tensor_split(n)[rank], want[rank]), rank
 
 
 def test_a_non_contiguous_tensor_is_refused_with_a_hint(cluster):

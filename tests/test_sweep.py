@@ -132,6 +132,7 @@ def test_run_warms_up_then_keeps_the_median_of_the_repeats(cluster):
     rows = sweep.run(cluster, {"op": _counted_op}, [big], warmup=1, repeats=3)
     assert _calls_on_ranks(cluster, reset=True) == [1 + 3] * 2
     assert rows[0].seconds < 0.1  # the median of (0.5 s, ~0, ~0), not their mean
+    assert rows[0].fastest <= rows[0].seconds < 0.5 <= rows[0].slowest  # the spread
     small = 4096  # small sizes are timed in batches of calls in a row
     sweep.run(cluster, {"op": _counted_op}, [small], warmup=2, repeats=2)
     batch = min(sweep.MAX_BATCH, sweep.BATCH_BYTES // small)
