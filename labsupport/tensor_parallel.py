@@ -4,7 +4,7 @@
     loss = tp_model(ids, targets)               # on every rank of ``group``
     loss.backward()
     allreduce_sequence_parallel_grads(tp_model)  # LayerNorm/position grads, under SP only
-    shard_like(tp_model, dict(full.named_parameters()), tp_rank, tp_world_size)
+    with tp_probe.record() as log: ...          # every collective of the operators below
 
 Shoeybi et al., "Megatron-LM" (arXiv 1909.08053), Section 3: the conjugate
 operators f and g around a column-parallel then a row-parallel linear layer;
@@ -13,43 +13,20 @@ Models" (arXiv 2205.05198), Section 4.2.2: sequence parallelism replaces
 f/g by all-gather / reduce-scatter along the sequence (g and g-bar).
 Every collective takes ``group=`` (None: the default group), so chapter 8
 runs the same layers inside the tp sub-group of a 2-D mesh. Each call is
-logged by :func:`record` (operation, forward/backward, payload bytes).
+logged by ``labsupport.tp_probe.record`` (operation, forward/backward, payload bytes).
 The code between the lesson markers is the notebook's, character for
 character (tests/test_tensor_parallel.py).
 """
-import contextlib
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel,
     SequenceParallel, parallelize_module)
 
-_log = None  # a list while record() is active
-
-
-@contextlib.contextmanager
-def record():
-    """Log every collective of this module's operators: dicts(op, phase, nbytes, shape).
-
-    ``nbytes`` is the collective's payload S: the tensor of an all-reduce, the
-    gathered (full) tensor of an all-gather, the input of a reduce-scatter.
-    """
-    global _log
-    outer, _log = _log, []
-    try:
-        yield _log
-    finally:
-        _log = outer
-
-
-def _logged(op, phase, tensor):
-    if _log is not None:
-        _log.append(dict(op=op, phase=phase, nbytes=tensor.numel() * tensor.element_size(),
-                         shape=tuple(tensor.shape)))
+from labsupport.tp_probe import log_collective
 
 
 # --- lesson: the chapter's code, copied from notebooks/04_tensor_parallel.ipynb ---
@@ -57,7 +34,7 @@ def all_reduce(x, phase, group=None):
     """Sum of ``x`` over the ranks of ``group`` (a new tensor)."""
     x = x.clone()
     dist.all_reduce(x, group=group)
-    _logged("all_reduce", phase, x)
+    log_collective("all_reduce", phase, x)
     return x
 
 
@@ -67,8 +44,8 @@ def all_gather(x, dim, phase, group=None):
     x0 = x.movedim(dim, 0).contiguous()                   # gather along dim 0
     out = x0.new_empty((t * x0.shape[0], *x0.shape[1:]))
     dist.all_gather_single(out, x0, group=group)
-    _logged("all_gather", phase, out)
-    return out.movedim(0, dim)
+    log_collective("all_gather", phase, out)
+    return out.movedim(0, dim).contiguous()
 
 
 def reduce_scatter(x, dim, phase, group=None):
@@ -77,14 +54,14 @@ def reduce_scatter(x, dim, phase, group=None):
     x0 = x.movedim(dim, 0).contiguous()
     out = x0.new_empty((x0.shape[0] // t, *x0.shape[1:]))
     dist.reduce_scatter_single(out, x0, group=group)
-    _logged("reduce_scatter", phase, x0)
-    return out.movedim(0, dim)
+    log_collective("reduce_scatter", phase, x0)
+    return out.movedim(0, dim).contiguous()
 
 
 def my_chunk(x, dim, group=None):
-    """This rank's chunk of ``x`` along ``dim`` (no communication)."""
+    """A copy of this rank's chunk of ``x`` along ``dim`` (no communication)."""
     t, rank = dist.get_world_size(group), dist.get_rank(group)
-    return x.chunk(t, dim)[rank].contiguous()
+    return x.chunk(t, dim)[rank].clone(memory_format=torch.contiguous_format)
 
 
 class CopyToTP(torch.autograd.Function):
@@ -206,6 +183,14 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def masked_lookup(ids, weight, start):
+    """Rows of ``weight`` (this rank's V/t rows, from id ``start``); zeros for other ids."""
+    local = ids - start                                   # (b, s)
+    outside = (local < 0) | (local >= weight.shape[0])
+    rows = F.embedding(local.masked_fill(outside, 0), weight)     # (b, s, h)
+    return rows.masked_fill(outside.unsqueeze(-1), 0.0)
+
+
 class VocabParallelEmbedding(nn.Module):
     """Rank i holds rows [i V/t, (i+1) V/t) of the table (Megatron Section 3).
 
@@ -221,10 +206,7 @@ class VocabParallelEmbedding(nn.Module):
         self.start = dist.get_rank(group) * self.weight.shape[0]
 
     def forward(self, ids):                               # (b, s) int64
-        local = ids - self.start
-        outside = (local < 0) | (local >= self.weight.shape[0])
-        rows = F.embedding(local.masked_fill(outside, 0), self.weight)
-        rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)   # (b, s, h)
+        rows = masked_lookup(ids, self.weight, self.start)        # (b, s, h)
         return exit_tp(rows, self.group, self.sequence_parallel)
 
 
@@ -359,34 +341,3 @@ def allreduce_sequence_parallel_grads(model: TensorParallelGPT):
     for p in model.sp_params:
         if p.grad is not None:
             dist.all_reduce(p.grad, group=model.group)
-
-
-def local_grad(param) -> torch.Tensor:
-    """This rank's gradient of a DTensor-parallel parameter, laid out as ours.
-
-    A Shard(d) gradient is its local shard; a Partial(sum) one (the LayerNorms
-    under DTensor's SequenceParallel) is summed over the mesh first (a
-    collective: call it on every rank, for the same parameters in the same order).
-    """
-    grad = param.grad
-    if not isinstance(grad, DTensor):
-        return grad
-    if any(p.is_partial() for p in grad.placements):
-        grad = grad.redistribute(placements=[Replicate()] * len(grad.placements))
-    return grad.to_local()
-
-
-def shard_like(tp_model: nn.Module, full: dict, rank: int, world_size: int) -> dict:
-    """{name: this rank's slice of full[name]} for every parameter name of ``tp_model``.
-
-    ``full`` maps the single-process model's parameter names to tensors
-    (weights or gradients); a parallel layer's ``shard_dims`` says which
-    dimension it splits, other parameters are replicated.
-    """
-    modules = dict(tp_model.named_modules())
-    out = {}
-    for name, _ in tp_model.named_parameters():
-        owner, _, attr = name.rpartition(".")
-        dim = getattr(modules[owner], "shard_dims", {}).get(attr)
-        out[name] = full[name] if dim is None else full[name].chunk(world_size, dim)[rank]
-    return out

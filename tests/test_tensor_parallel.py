@@ -22,6 +22,7 @@ import torch.distributed as dist
 import labsupport as ls
 from labsupport import models
 from labsupport import tensor_parallel as tp
+from labsupport import tp_probe
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "04_tensor_parallel.ipynb"
 LESSON_TAG = "tp-lesson"
@@ -87,7 +88,7 @@ def _shards(got, full, rank, n, sp):
 def _shard_like(sp):
     model = tp.TensorParallelGPT(models.GPT(CFG, seed=0), sequence_parallel=sp)
     full = dict(models.GPT(CFG, seed=0).named_parameters())
-    want = tp.shard_like(model, full, dist.get_rank(), dist.get_world_size())
+    want = tp_probe.shard_like(model, full, dist.get_rank(), dist.get_world_size())
     return all(torch.equal(p, want[n]) for n, p in model.named_parameters())
 
 
@@ -104,7 +105,7 @@ def _train(sp, steps=STEPS):
         optimizer.step()
         optimizer.zero_grad()
     full = _train_reference(steps)
-    want = tp.shard_like(model, full, dist.get_rank(), dist.get_world_size())
+    want = tp_probe.shard_like(model, full, dist.get_rank(), dist.get_world_size())
     return {n: (p.detach() - want[n]).abs().max().item() for n, p in model.named_parameters()}
 
 
@@ -138,7 +139,7 @@ def _dtensor_vs_hand(sp):
     torch.testing.assert_close(loss_theirs, loss_ours, **TOL)
     mine = dict(ours.named_parameters())
     for name, p in theirs.named_parameters():
-        torch.testing.assert_close(tp.local_grad(p), mine[name].grad, **TOL,
+        torch.testing.assert_close(tp_probe.local_grad(p), mine[name].grad, **TOL,
                                    msg=lambda m: f"{name}: {m}")
     return True
 
@@ -150,7 +151,7 @@ def test_dtensor_parallelize_module_gives_the_same_loss_and_gradients(cluster, s
 
 def _counts(sp):
     model = tp.TensorParallelGPT(models.GPT(CFG, seed=0), sequence_parallel=sp)
-    with tp.record() as log:
+    with tp_probe.record() as log:
         model.blocks[0](torch.randn(BATCH, CFG.seq_len // (dist.get_world_size() if sp else 1),
                                     CFG.hidden)).sum().backward()
     return [(e["op"], e["phase"], e["nbytes"]) for e in log]
