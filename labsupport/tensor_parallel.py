@@ -65,7 +65,7 @@ def my_chunk(x, dim, group=None):
 
 
 class CopyToTP(torch.autograd.Function):
-    """Megatron's f: identity forward, all-reduce backward (arXiv 1909.08053, Fig. 3a)."""
+    """Megatron's f: identity forward, all-reduce backward (Fig. 3a)."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -78,7 +78,7 @@ class CopyToTP(torch.autograd.Function):
 
 
 class ReduceFromTP(torch.autograd.Function):
-    """Megatron's g: all-reduce forward, identity backward (arXiv 1909.08053, Fig. 3a)."""
+    """Megatron's g: all-reduce forward, identity backward (Fig. 3a)."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -90,7 +90,7 @@ class ReduceFromTP(torch.autograd.Function):
 
 
 class GatherFromSP(torch.autograd.Function):
-    """Megatron-SP's g: all-gather the sequence forward, reduce-scatter backward.
+    """Megatron-SP's g: all-gather the sequence, reduce-scatter backward.
 
     Korthikanti et al. 2022 (arXiv 2205.05198), Section 4.2.2, Figure 5.
     """
@@ -106,10 +106,10 @@ class GatherFromSP(torch.autograd.Function):
 
 
 class ReduceScatterToSP(torch.autograd.Function):
-    """Megatron-SP's g-bar: reduce-scatter forward, all-gather backward (Section 4.2.2)."""
+    """Megatron-SP's g-bar: reduce-scatter forward, all-gather backward."""
 
     @staticmethod
-    def forward(ctx, x, dim, group):                      # (b, s, h) partial sums
+    def forward(ctx, x, dim, group):                      # (b, s, h) partial
         ctx.dim, ctx.group = dim, group
         return reduce_scatter(x, dim, "forward", group)   # (b, s/t, h)
 
@@ -119,7 +119,7 @@ class ReduceScatterToSP(torch.autograd.Function):
 
 
 class GatherLastDim(torch.autograd.Function):
-    """All-gather along the last dim forward; backward keeps this rank's slice."""
+    """All-gather along the last dim; backward keeps this rank's slice."""
 
     @staticmethod
     def forward(ctx, x, group):                           # (b, s, V/t)
@@ -134,14 +134,14 @@ class GatherLastDim(torch.autograd.Function):
 def enter_tp(x, group=None, sequence_parallel=False):
     """Into a parallel region: f (TP), or all-gather of the sequence (SP)."""
     if sequence_parallel:
-        return GatherFromSP.apply(x, 1, group)            # (b, s/t, h) -> (b, s, h)
+        return GatherFromSP.apply(x, 1, group)        # (b, s/t, h) -> (b, s, h)
     return CopyToTP.apply(x, group)
 
 
 def exit_tp(x, group=None, sequence_parallel=False):
-    """Out of a parallel region: g (TP), or reduce-scatter of the sequence (SP)."""
+    """Out of a parallel region: g (TP), or reduce-scatter of the sequence."""
     if sequence_parallel:
-        return ReduceScatterToSP.apply(x, 1, group)       # (b, s, h) -> (b, s/t, h)
+        return ReduceScatterToSP.apply(x, 1, group)   # (b, s, h) -> (b, s/t, h)
     return ReduceFromTP.apply(x, group)
 
 
@@ -164,7 +164,7 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    """Y = sum_i X_i A_i: rank i holds columns i of W (input features), Megatron Eq. 2-3.
+    """Y = sum_i X_i A_i: rank i holds columns i of W (input features).
 
     Takes this rank's slice of the input features, sums the partial products
     over the ranks (g, or a reduce-scatter under SP), then adds the bias once.
@@ -175,16 +175,17 @@ class RowParallelLinear(nn.Module):
         self.group, self.sequence_parallel = group, sequence_parallel
         self.shard_dims = {"weight": 1}
         self.weight = nn.Parameter(my_chunk(linear.weight.detach(), 1, group))
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+        self.bias = None if linear.bias is None else \
+            nn.Parameter(linear.bias.detach().clone())
 
     def forward(self, x):                                 # (b, s, h_in/t)
-        partial = F.linear(x, self.weight)                # (b, s, h_out), partial sum
+        partial = F.linear(x, self.weight)            # (b, s, h_out) partial
         y = exit_tp(partial, self.group, self.sequence_parallel)
         return y if self.bias is None else y + self.bias
 
 
 def masked_lookup(ids, weight, start):
-    """Rows of ``weight`` (this rank's V/t rows, from id ``start``); zeros for other ids."""
+    """Rows of ``weight`` (this rank's V/t rows, from id ``start``), else 0."""
     local = ids - start                                   # (b, s)
     outside = (local < 0) | (local >= weight.shape[0])
     rows = F.embedding(local.masked_fill(outside, 0), weight)     # (b, s, h)
@@ -198,11 +199,13 @@ class VocabParallelEmbedding(nn.Module):
     reduce-scatter of the sequence under SP) gives every id its row.
     """
 
-    def __init__(self, embedding: nn.Embedding, group=None, sequence_parallel=False):
+    def __init__(self, embedding: nn.Embedding, group=None,
+                 sequence_parallel=False):
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
         self.shard_dims = {"weight": 0}
-        self.weight = nn.Parameter(my_chunk(embedding.weight.detach(), 0, group))
+        weight = my_chunk(embedding.weight.detach(), 0, group)  # (V/t, h)
+        self.weight = nn.Parameter(weight)
         self.start = dist.get_rank(group) * self.weight.shape[0]
 
     def forward(self, ids):                               # (b, s) int64
@@ -220,16 +223,18 @@ class TensorParallelBlock(nn.Module):
     def __init__(self, block, group=None, sequence_parallel=False):
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
-        self.ln1, self.attn, self.ln2, self.mlp = block.ln1, block.attn, block.ln2, block.mlp
-        self.dropout = block.dropout
-        for name in ("q", "k", "v"):
-            setattr(self.attn, name, ColumnParallelLinear(getattr(self.attn, name), group))
+        self.ln1, self.attn = block.ln1, block.attn
+        self.ln2, self.mlp, self.dropout = block.ln2, block.mlp, block.dropout
+        for name in ("q", "k", "v"):                     # a/t heads per rank
+            column = ColumnParallelLinear(getattr(self.attn, name), group)
+            setattr(self.attn, name, column)
         self.attn.o = RowParallelLinear(self.attn.o, group, sequence_parallel)
         self.mlp.fc1 = ColumnParallelLinear(self.mlp.fc1, group)
         self.mlp.fc2 = RowParallelLinear(self.mlp.fc2, group, sequence_parallel)
 
-    def forward(self, x):                                 # (b, s, h) or (b, s/t, h)
-        enter = lambda y: enter_tp(y, self.group, self.sequence_parallel)  # noqa: E731
+    def forward(self, x):                         # (b, s, h) or (b, s/t, h)
+        def enter(y):
+            return enter_tp(y, self.group, self.sequence_parallel)
         x = x + self.dropout(self.attn(enter(self.ln1(x))))
         return x + self.dropout(self.mlp(enter(self.ln2(x))))
 
@@ -247,13 +252,15 @@ def dtensor_tp_plan(cfg):
 
 
 def dtensor_sp_plan(cfg):
-    """DTensor's plan for TP+SP: sequence shards between the parallel regions."""
+    """DTensor's plan for TP+SP: sequence shards between parallel regions."""
     seq, full = (Shard(1),), (Replicate(),)
-    plan = {"tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+    plan = {"tok": RowwiseParallel(input_layouts=Replicate(),
+                                   output_layouts=Shard(1)),
             "pos": PrepareModuleOutput(output_layouts=Replicate(),
                                        desired_output_layouts=Shard(0)),
             "ln_f": SequenceParallel(),
-            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}
+            "lm_head": ColwiseParallel(input_layouts=Shard(1),
+                                       output_layouts=Replicate())}
     for i in range(cfg.layers):
         b = f"blocks.{i}"
         plan |= {f"{b}.{name}": SequenceParallel() for name in ("ln1", "ln2")}

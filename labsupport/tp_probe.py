@@ -70,7 +70,7 @@ def shard_like(tp_model: nn.Module, full: dict, rank: int, world_size: int) -> d
 # -- the checks behind the chapter's your-turn cells ----------------------------------
 
 def check_reduce_from_tp(g):
-    """Run the reader's g (``g.apply(x, group)``) on this rank: all-reduce forward, identity back."""
+    """The reader's g, ``g.apply(x, group)``, on this rank: sum forward, identity backward."""
     import torch.distributed as dist
     rank, n = dist.get_rank(), dist.get_world_size()
     x = (torch.arange(6.0).view(2, 3) * (rank + 1)).requires_grad_()

@@ -1,4 +1,5 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_xent.py   (add -m "not slow": the checks alone)
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_xent.py
+# (add -m "not slow" for the checks alone, ~10 s)
 """Graded assignment 2 (vocab-parallel cross-entropy): labsupport.grading_xent, then nbgrader.
 
 Layer 1 (unit): each check passes the reference and fails each plausible

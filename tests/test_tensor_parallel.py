@@ -236,3 +236,47 @@ def test_the_notebook_shows_every_definition_of_the_package():
 @pytest.mark.parametrize("name", sorted(_package_lesson()))
 def test_the_notebook_copy_is_identical(name):
     assert _notebook_lesson()[name] == _package_lesson()[name]
+
+
+# -- the checks behind the your-turn cells, with a right and a wrong answer -------------
+
+class _AllReduceBothWays(torch.autograd.Function):
+    """A wrong g: all-reduce forward AND backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        return tp.all_reduce(x, "forward", group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return tp.all_reduce(grad, "backward", None), None
+
+
+def _lookup_without_zeros(ids, weight, start):
+    local = (ids - start).clamp(0, weight.shape[0] - 1)
+    return torch.nn.functional.embedding(local, weight)
+
+
+def test_the_g_check_passes_g_and_names_a_summing_backward(cluster):
+    assert cluster.run(tp_probe.check_reduce_from_tp, tp.ReduceFromTP) == \
+        [True] * cluster.world_size
+    with pytest.raises(ls.RankError, match=r"rank 0: backward gave x.grad = .*g's backward "
+                                           r"is the identity"):
+        cluster.run(tp_probe.check_reduce_from_tp, _AllReduceBothWays)
+    with pytest.raises(ls.RankError, match=r"rank 0: forward returned .*sum over the"):
+        cluster.run(tp_probe.check_reduce_from_tp, tp.CopyToTP)
+
+
+def test_the_lookup_check_passes_masked_lookup_and_names_a_foreign_id(cluster):
+    assert cluster.run(tp_probe.check_masked_lookup, tp.masked_lookup) == \
+        [True] * cluster.world_size
+    with pytest.raises(ls.RankError, match=r"gave \[.*\], expected \[0\.0, 0\.0, 0\.0\]: "
+                                           r"zeros, since another rank owns it"):
+        cluster.run(tp_probe.check_masked_lookup, _lookup_without_zeros)
+
+
+def test_holders_colours_each_element_by_the_rank_that_holds_it():
+    full = torch.arange(12.0).view(3, 4)
+    assert tp_probe.holders(full, [full, full]).eq(-1).all()
+    grid = tp_probe.holders(full, [full[:, :2], full[:, 2:]])
+    assert grid.tolist() == [[0, 0, 1, 1]] * 3
