@@ -7,6 +7,7 @@
     python -m labsupport.bench pipeline       # chapter 5's measured bubbles vs the formulas
     python -m labsupport.bench memory         # chapter 0: bytes counted vs the formulas
     python -m labsupport.bench ring_attention # chapter 6's ring: overlap, causal imbalance, vs SDPA
+    python -m labsupport.bench tp             # chapter 4's tensor parallelism vs DTensor
     python -m labsupport.bench <name> --help
 """
 import importlib
@@ -20,6 +21,7 @@ BENCHMARKS = {
     "pipeline": "labsupport.bench.pipeline",
     "memory": "labsupport.bench.memory",
     "ring_attention": "labsupport.bench.ring_attention",
+    "tp": "labsupport.bench.tp",
 }
 
 
