@@ -146,9 +146,10 @@ def _ready(events, b, t) -> bool:
 def check_backward_split(input_grad, weight_grad, cases=CASES, *, timeout=None):
     """B and W in 1F1B order (B then W at once) give single-process loss and gradients."""
     for p, m in cases:
-        out = _run(f"{_name(input_grad)} and {_name(weight_grad)}", zb.train_step_1f1b_split, (input_grad, weight_grad),
-                   p, m, 0.0, timeout)
-        _assert_same(out, p, m, f"{_name(input_grad)} and {_name(weight_grad)}")
+        name = f"{_name(input_grad)} and {_name(weight_grad)}"
+        out = _run(name, zb.train_step_1f1b_split, (input_grad, weight_grad), p, m, 0.0,
+                   timeout)
+        _assert_same(out, p, m, name)
 
 
 def check_schedule_grads(schedule, input_grad=zb.backward_input,
