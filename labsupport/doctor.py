@@ -72,8 +72,8 @@ def cores():
 def _allreduce():
     import torch
     import torch.distributed as dist
-    import labsupport as ls
-    t = torch.ones(1024, device=ls.device()) * (dist.get_rank() + 1)  # (1024,)
+    from labsupport.launch.identity import device
+    t = torch.ones(1024, device=device()) * (dist.get_rank() + 1)  # (1024,)
     dist.all_reduce(t)
     if t.is_cuda:
         torch.cuda.synchronize()
@@ -82,9 +82,9 @@ def _allreduce():
 
 def start_and_allreduce(world_size, backend, timeout):
     """Start ranks with ``ls.start``, all-reduce once; seconds taken and results."""
-    import labsupport as ls
+    from labsupport.launch.session import start
     t0 = time.perf_counter()
-    with ls.start(world_size=world_size, backend=backend, timeout=timeout) as cluster:
+    with start(world_size=world_size, backend=backend, timeout=timeout) as cluster:
         started = time.perf_counter()
         results = cluster.run(_allreduce, timeout=timeout)
         done = time.perf_counter()

@@ -1,0 +1,220 @@
+"""Checks for assignment 1: Rabenseifner's all-reduce, rounds and bytes counted.
+
+    from labsupport.grading import rabenseifner as gr
+    ls.grading.check_reduce_scatter(halving_reduce_scatter)   # the results: labsupport.grading
+    gr.check_rounds(rabenseifner_all_reduce)          # 2*log2(N) rounds, counted from the calls
+    gr.check_traffic(rabenseifner_all_reduce)         # 2(N-1)/N*S bytes sent per rank
+
+Rabenseifner's all-reduce (Thakur, Rabenseifner & Gropp, "Optimization of
+collective communication operations in MPICH", IJHPCA 2005, Sec. 4.4) is a
+reduce-scatter by recursive halving followed by an all-gather by recursive
+doubling, for N a power of two. It sends the bytes of the ring, 2(N-1)/N*S
+per rank, in 2*log2(N) rounds where the ring needs 2(N-1): the same
+bandwidth term, a smaller latency term (alpha-beta model, their eq. for
+"recursive halving"). Its results are checked by ``labsupport.grading``'s
+``check_reduce_scatter``, ``check_all_gather`` and ``check_allreduce``,
+whose contracts (chunk ``rank`` of ``tensor.tensor_split(world_size)``) it
+meets; this module adds what is particular to it.
+
+A *round* is counted from the point-to-point calls each rank makes, in call
+order: a run of sends to one partner, ended by a receive or by a send to
+another rank (a rank has one link out: sending to three ranks one after the
+other takes three rounds). The rounds of a function are the most any rank
+makes.
+"""
+import contextlib
+import math
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from labsupport.launch.session import current
+from labsupport.grading import checks as grading
+
+WORLD_SIZES = (2, 4)
+SIZES = (8, 10, 13)  # 10 and 13 are not divisible by 4
+PHASES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}  # log2(N) rounds each
+_TITLES = {"all_reduce": "all-reduce", "reduce_scatter": "recursive-halving reduce-scatter",
+           "all_gather": "recursive-doubling all-gather"}
+_P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+
+
+def count_rounds(calls: list[tuple[str, int]]) -> int:
+    """Rounds of one rank's ``[(op, peer), ...]``: runs of sends to one peer (module doc)."""
+    rounds, partner = 0, None
+    for op, peer in calls:
+        if "send" not in op:
+            partner = None
+        elif peer != partner:
+            rounds, partner = rounds + 1, peer
+    return rounds
+
+
+def check_rounds(fn, kind="all_reduce", world_sizes=WORLD_SIZES, sizes=(8, 13), *,
+                 timeout=None):
+    """``fn(tensor)`` makes log2(N) rounds per phase: 2*log2(N) for an all-reduce."""
+    _validate(kind, world_sizes)
+    for world_size in world_sizes:
+        for size in sizes:
+            calls = _traced(fn, kind, size, world_size, timeout)
+            problem = _rounds_problem(fn, kind, world_size, size, calls)
+            if problem:
+                raise AssertionError(problem)
+
+
+def check_traffic(fn, kind="all_reduce", world_sizes=WORLD_SIZES, sizes=SIZES, *,
+                  timeout=None):
+    """``fn(tensor)`` sends k(N-1)/N*S bytes per rank with send/isend (k = 2 for an
+    all-reduce, 1 for either half), every rank within one chunk of it, S in total k(N-1)."""
+    _validate(kind, world_sizes)
+    for world_size in world_sizes:
+        for size in sizes:
+            sent = [c["sent"] for c in _run(fn, kind, size, world_size, timeout)]
+            problem = _traffic_problem(fn, kind, world_size, size, sent)
+            if problem:
+                raise AssertionError(problem)
+
+
+def _validate(kind, world_sizes):
+    if kind not in PHASES:
+        raise ValueError(f"kind must be one of {sorted(PHASES)}, got {kind!r}")
+    bad = [n for n in world_sizes if not (isinstance(n, int) and n >= 1 and n & (n - 1) == 0)]
+    if bad or not world_sizes:
+        raise ValueError(f"world_sizes must be powers of two (recursive halving pairs rank "
+                         f"with rank ^ 2**k), got {world_sizes!r}")
+
+
+def _run(fn, kind, size, world_size, timeout) -> list[dict]:
+    """grading.run of fn on one case; rules checked; the cluster restarted after a failure."""
+    name = getattr(fn, "__name__", None) or "the function"
+    try:
+        calls = grading.run(_Traced(fn, kind, size), world_size=world_size, timeout=timeout)
+        grading.assert_rules(calls, name)
+        return calls
+    except AssertionError:
+        if current() is not None:
+            current().restart()  # nothing left in flight for the next check
+        raise
+
+
+def _traced(fn, kind, size, world_size, timeout) -> list[list[tuple[str, int]]]:
+    return [c["value"] for c in _run(fn, kind, size, world_size, timeout)]
+
+
+def _rounds_problem(fn, kind, n, size, calls) -> str | None:
+    name = getattr(fn, "__name__", None) or "the function"
+    phases, log_n = PHASES[kind], int(math.log2(n))
+    expected = phases * log_n
+    rounds = [count_rounds(c) for c in calls]
+    if max(rounds) == expected and min(rounds) == expected:
+        return None
+    rank = max(range(n), key=lambda r: abs(rounds[r] - expected))
+    peers = [peer for op, peer in calls[rank] if "send" in op]
+    text = (f"{name} took {rounds[rank]} rounds on rank {rank} of {n} (a tensor of {size} "
+            f"elements; every rank: {rounds}); it sent to ranks {peers}, in this order. "
+            f"Rabenseifner's {_TITLES[kind]} takes {expected} = {phases if phases > 1 else ''}"
+            f"log2(N) rounds: in each round a rank exchanges one message each way with one "
+            f"partner, rank ^ distance (distance N/2, N/4, ..., 1 while halving; 1, 2, ..., "
+            f"N/2 while doubling).")
+    if rounds[rank] == phases * (n - 1) and len(set(peers)) == 1:
+        return text + (f" {phases * (n - 1)} = {phases if phases > 1 else ''}(N-1) rounds, "
+                       "all to one neighbour, is what a ring takes: its results are right, "
+                       "but every round costs a message latency, so on N ranks the ring pays "
+                       f"for {phases}(N-1) latencies where recursive halving and doubling "
+                       f"pay for {phases}*log2(N).")
+    if rounds[rank] > expected:
+        return text + (" Each round must halve (or double) the part a rank works on. "
+                       "Sending to several ranks one after the other takes one round per "
+                       "rank: a rank has one link out.")
+    return text + (" Fewer rounds than that means some rank skipped an exchange, or sent "
+                   "to every rank at once: count the bytes too (check_traffic).")
+
+
+def _traffic_problem(fn, kind, n, size, sent) -> str | None:
+    name = getattr(fn, "__name__", None) or "the function"
+    k = PHASES[kind]
+    nbytes = size * 4  # S, float32
+    low, high = k * (n - 1) * (size // n) * 4, k * (n - 1) * -(-size // n) * 4
+    if sum(sent) == k * (n - 1) * nbytes and all(low <= s <= high for s in sent):
+        return None
+    rank = max(range(n), key=lambda r: abs(sent[r] - k * (n - 1) * nbytes / n))
+    ratio = sent[rank] / nbytes
+    formula = f"{k if k > 1 else ''}(N-1)/N*S"
+    text = (f"{name} sent too {'many' if ratio > k * (n - 1) / n else 'few'} bytes: on {n} "
+            f"ranks with S = {nbytes} bytes ({size} float32), rank {rank} sent {sent[rank]} "
+            f"bytes = {ratio:.2f}*S with send/isend (all ranks: {sent}). Recursive halving "
+            f"and doubling send {formula} = {k * (n - 1) / n:.2f}*S per rank: half of the "
+            f"rank's current part in each round, S/2 + S/4 + ... + S/N per phase.")
+    if ratio == 0:
+        return text + " No bytes went through dist.send/dist.isend: the data moved some other way."
+    if ratio >= n - 1 and ratio > k * (n - 1) / n:  # a phase sent all of S to each rank
+        return text + (" At least (N-1)*S: that is what sending the whole tensor to every "
+                       "other rank sends (an all-to-all). Each round must send only the half "
+                       "the partner keeps.")
+    return text
+
+
+# -- on each rank ----------------------------------------------------------------------
+
+class _Traced:
+    """What grading.run runs on a rank: fn on this rank's case, its p2p calls logged."""
+
+    def __init__(self, fn, kind, size):
+        self.fn, self.kind, self.size = fn, kind, size
+        self.__name__ = getattr(fn, "__name__", None) or "the function"
+
+    def __call__(self):
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        g = torch.Generator().manual_seed(1000 * self.size + rank)
+        tensor = torch.randint(-9, 10, (self.size,), generator=g).float()
+        if self.kind == "all_gather":  # only the rank's own chunk is valid on entry
+            own = tensor.tensor_split(world_size)[rank].clone()
+            tensor.fill_(float("nan"))
+            tensor.tensor_split(world_size)[rank].copy_(own)
+        calls = []
+        with _logging_p2p(calls):
+            self.fn(tensor)
+        return calls
+
+
+@contextlib.contextmanager
+def _logging_p2p(calls: list):
+    """Append (op, peer) of each point-to-point call in the block to ``calls``.
+
+    Installed inside ``grading.run``'s own record, and passing every call on
+    to it: the collectives, unwaited requests and bytes are still counted there.
+    """
+    depth = [0]
+
+    def wrap(name, fn):
+        def logged(*args, **kwargs):
+            if depth[0] == 0:
+                calls.extend(_describe(name, args, kwargs))
+            depth[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+        logged.__name__ = logged.__qualname__ = name
+        logged.__wrapped__ = fn
+        return logged
+
+    saved = [(module, name, getattr(module, name)) for module in (c10d, dist) for name in _P2P]
+    replacements = {name: wrap(name, getattr(c10d, name)) for name in _P2P}
+    try:
+        for module, name, _ in saved:
+            setattr(module, name, replacements[name])
+        yield calls
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
+
+
+def _describe(name, args, kwargs) -> list[tuple[str, int]]:
+    if name == "batch_isend_irecv":
+        ops = args[0] if args else kwargs.get("p2p_op_list", [])
+        return [(getattr(op.op, "__name__", "isend"), op.peer) for op in ops]
+    key = "dst" if "send" in name else "src"
+    peer = args[1] if len(args) > 1 else kwargs.get(key, kwargs.get("group_" + key))
+    return [(name, peer)]

@@ -1,0 +1,282 @@
+"""Checks for assignment 3: the zero-bubble pipeline schedule ZB-H1 (Qi et al., arXiv 2401.10241).
+
+    from labsupport.grading import zero_bubble as gz
+    gz.check_backward_split(backward_input, backward_weight)  # B, W: single-process grads
+    gz.check_schedule_order(train_step_zb_h1)   # ideal machine (F = B = W = 1): ZB-H1's length
+    gz.check_idle_fraction(train_step_zb_h1)    # recorded timeline: idle well below 1F1B's
+    gz.check_memory(train_step_zb_h1)           # micro-batches held per rank <= 1F1B's peak
+    gz.check_schedule_grads(train_step_zb_h1, backward_input, backward_weight)
+
+Each check that runs ranks goes through ``labsupport.grading.run`` (a
+deadline; a deadlock is explained); the schedule-level checks play the
+schedule on an ideal machine in the kernel, like ``labsupport.pipeline_sim``
+with W as a third kind of call. Every failure is an AssertionError that
+says what to change. The harness (F, B and W on chapter 5's messages, each
+padded to a fixed time) is ``labsupport.zero_bubble``.
+"""
+import torch
+import torch.nn.functional as F
+
+from labsupport.launch.session import current
+from labsupport.grading import checks as grading
+from labsupport import models, pipeline, timeline
+from labsupport import zero_bubble as zb
+
+CASES = ((2, 4), (4, 8))  # (p, m) of the checks
+SHARE = 0.5  # of ZB-H1's ideal saving over 1F1B that the measured idle fraction must show
+UNIT = zb.UNIT
+
+
+class OrderRecorder:
+    """Stands in for a ZBRank: writes down the schedule's calls (``pp.backward`` is B then W)."""
+
+    def __init__(self, rank, world_size, m):
+        self.rank, self.world_size, self.m, self.v = rank, world_size, m, 1
+        self.num_stages, self.stages, self.ops = world_size, {rank: None}, []
+
+    def forward(self, s, i):
+        self.ops.append(("F", s, i))
+
+    def backward_input(self, s, i):
+        self.ops.append(("B", s, i))
+
+    def backward_weight(self, s, i):
+        self.ops.append(("W", s, i))
+
+    def backward(self, s, i):
+        self.ops += [("B", s, i), ("W", s, i)]
+
+
+def orders(schedule, p, m) -> list[list[tuple]]:
+    """Each rank's calls; AssertionError unless each F, B, W of its stage runs once."""
+    result = []
+    for rank in range(p):
+        rec = OrderRecorder(rank, p, m)
+        schedule(rec)
+        want = {(k, rank, i) for k in "FBW" for i in range(m)}
+        missing = sorted(want - set(rec.ops), key=lambda op: (op[2], op[0]))
+        extra = sorted({op for op in rec.ops if rec.ops.count(op) > 1 or op not in want})
+        if missing or extra:
+            dropped = [op for op in missing if op[0] == "W"]
+            raise AssertionError(
+                f"{_name(schedule)}: on p={p} ranks with m={m}, rank {rank} must call F, B and "
+                f"W of its stage {rank} once for each micro-batch 0..{m - 1}: missing "
+                f"{_ops(missing)}, repeated or foreign {_ops(extra)}."
+                + (" A W that never runs is a weight gradient never computed: every B needs "
+                   "its W, later." if dropped else ""))
+        result.append(rec.ops)
+    return result
+
+
+def _needs(op, p):
+    kind, s, i = op
+    if kind == "F":
+        return [("F", s - 1, i)] if s > 0 else []
+    if kind == "B":
+        return [("F", s, i)] + ([("B", s + 1, i)] if s < p - 1 else [])
+    return [("B", s, i)]
+
+
+def ideal_events(schedule, p, m) -> list[dict]:
+    """The schedule on an ideal machine: F = B = W = 1 time unit, free messages."""
+    ops = orders(schedule, p, m)
+    done, free, pos = {}, [0.0] * p, [0] * p
+    tls = [timeline.Timeline(rank) for rank in range(p)]
+    while any(pos[r] < len(ops[r]) for r in range(p)):
+        progressed = False
+        for r in range(p):
+            while pos[r] < len(ops[r]) and all(d in done for d in _needs(ops[r][pos[r]], p)):
+                op = ops[r][pos[r]]
+                start = max([free[r]] + [done[d] for d in _needs(op, p)])
+                free[r] = done[op] = start + 1.0
+                tls[r].record("compute", op[0], start, free[r], stage=op[1], mb=op[2])
+                pos[r], progressed = pos[r] + 1, True
+        if not progressed:
+            raise AssertionError(_deadlock(schedule, p, m, ops, pos))
+    return timeline.merge([tl.events for tl in tls])
+
+
+def _deadlock(schedule, p, m, ops, pos) -> str:
+    stuck = {r: ops[r][pos[r]] for r in range(p) if pos[r] < len(ops[r])}
+    early = [f"rank {r} calls W of micro-batch {op[2]} before its B" for r, op in stuck.items()
+             if op[0] == "W" and ("B", op[1], op[2]) in ops[r][pos[r]:]]
+    return (f"{_name(schedule)} deadlocks on p={p} ranks with m={m}: every rank waits for a "
+            "call no rank will make (" + ", ".join(f"rank {r} at {_ops([op])}"
+                                                   for r, op in stuck.items()) + ")."
+            + (" " + "; ".join(early) + ": W needs the dL/dz that B computes." if early else ""))
+
+
+def check_schedule_order(schedule, cases=CASES):
+    """On the ideal machine the schedule is as short as ZB-H1: 3m + p - 1 units."""
+    for p, m in cases:
+        events = ideal_events(schedule, p, m)
+        span = max(e["end"] for e in events)
+        target = max(e["end"] for e in ideal_events(zb.train_step_zb_h1, p, m))
+        if span > target:
+            raise AssertionError(
+                f"{_name(schedule)} takes {span:g} time units on p={p} ranks with m={m} on an "
+                f"ideal machine (F = B = W = 1 unit, free messages); ZB-H1 takes {target:g} "
+                f"and 1F1B {3 * (m + p - 1)}." + _late_b(events))
+
+
+def _late_b(events) -> str:
+    """Where a W ran while a B was ready: B is on the critical path, W is not."""
+    for e in sorted(events, key=lambda e: e["start"]):
+        if e["name"] != "W":
+            continue
+        r = e["rank"]
+        later = [b for b in events if b["rank"] == r and b["name"] == "B"
+                 and b["start"] > e["start"]]
+        if later and _ready(events, min(later, key=lambda b: b["start"]), e["start"]):
+            b = min(later, key=lambda b: b["start"])
+            return (f" Rank {r} ran W of micro-batch {e['mb']} at t={e['start']:g} while B of "
+                    f"micro-batch {b['mb']} could start; that B ran only at t={b['start']:g}. "
+                    "B is on the critical path (rank "
+                    f"{r - 1 if r else 'r-1'} waits for its dL/dx), W is on nobody's: run W "
+                    "when the rank would otherwise wait, not before a B that is ready.")
+    return (" Compare your order with ZB-H1's: rank r runs 1F1B's warm-up, then F and B, "
+            "and starts its W's r steps late, so they fill the cool-down.")
+
+
+def _ready(events, b, t) -> bool:
+    ends = {(e["name"], e["stage"], e["mb"]): e["end"] for e in events}
+    needs = _needs(("B", b["stage"], b["mb"]), max(e["rank"] for e in events) + 1)
+    return all(ends[d] <= t for d in needs)
+
+
+def check_backward_split(input_grad, weight_grad, cases=CASES, *, timeout=None):
+    """B and W in 1F1B order (B then W at once) give single-process loss and gradients."""
+    for p, m in cases:
+        name = f"{_name(input_grad)} and {_name(weight_grad)}"
+        out = _run(name, zb.train_step_1f1b_split, (input_grad, weight_grad), p, m, 0.0,
+                   timeout)
+        _assert_same(out, p, m, name)
+
+
+def check_schedule_grads(schedule, input_grad=zb.backward_input,
+                         weight_grad=zb.backward_weight, cases=CASES, *, timeout=None):
+    """The schedule, on the ranks, gives single-process loss and gradients."""
+    for p, m in cases:
+        out = _run(_name(schedule), schedule, (input_grad, weight_grad), p, m, 0.0, timeout)
+        _assert_same(out, p, m, _name(schedule))
+
+
+def check_memory(schedule, cases=CASES, *, timeout=None):
+    """No rank holds more micro-batches (from F to W) than 1F1B's first rank: min(p, m)."""
+    for p, m in cases:
+        ideal_events(schedule, p, m)  # complete, no deadlock: else say so, without a run
+        out = _run(_name(schedule), schedule, (zb.backward_input, zb.backward_weight),
+                   p, m, 0.0, timeout)
+        peaks = [o["peak"] for o in out]
+        if max(peaks) > min(p, m):
+            raise AssertionError(
+                f"{_name(schedule)} held up to {peaks} micro-batches per rank (ranks 0..{p - 1}) "
+                f"on p={p} ranks with m={m}: from its F until its W, a micro-batch's "
+                f"activations stay alive. 1F1B holds at most min(p, m) = {min(p, m)} (on rank "
+                "0); ZB-H1 holds as many on every rank and no more: start each rank's W's "
+                "only as late as that bound allows.")
+
+
+def check_idle_fraction(schedule, cases=CASES, *, share=SHARE, unit=UNIT, runs=2,
+                        timeout=None) -> list[dict]:
+    """The recorded idle fraction shows at least ``share`` of ZB-H1's saving over 1F1B.
+
+    Both schedules run on the ranks with every F, B and W taking ``unit``
+    seconds (1F1B's fused backward 2), so the measurement is the schedule's,
+    not the machine's load; the limit is 1F1B's measured fraction minus
+    ``share`` of its distance to ZB-H1's ideal one. Returns the numbers.
+    """
+    rows = []
+    for p, m in cases:
+        ideal_events(schedule, p, m)  # complete, no deadlock: else say so, without a run
+        ours = _idle(schedule, p, m, unit, runs, timeout)
+        ref = _idle(pipeline.train_step_1f1b, p, m, unit, runs, timeout)
+        ideal = timeline.bubble(ideal_events(zb.train_step_zb_h1, p, m))["fraction"]
+        limit = ref - share * (ref - ideal)
+        rows.append(dict(p=p, m=m, measured=ours, one_f_one_b=ref, zb_h1_ideal=ideal,
+                         limit=limit))
+        if ours > limit:
+            raise AssertionError(
+                f"{_name(schedule)} left the ranks idle {ours:.1%} of the step on p={p} ranks "
+                f"with m={m} (recorded timeline, each F, B and W {unit * 1e3:g} ms); 1F1B, "
+                f"measured the same way, {ref:.1%}; ZB-H1 on an ideal machine {ideal:.1%}. "
+                f"The check wants at most {limit:.1%}: at least {share:.0%} of ZB-H1's "
+                "saving. Is every B run as soon as its gradient is there, and every W in "
+                "time the rank would otherwise wait?")
+    return rows
+
+
+def _idle(schedule, p, m, unit, runs, timeout) -> float:
+    """The idle fraction of the least disturbed of ``runs`` runs (shortest window)."""
+    best = None
+    for _ in range(runs):
+        out = _run(_name(schedule), schedule, (zb.backward_input, zb.backward_weight),
+                   p, m, unit, timeout)
+        bubble = timeline.bubble(timeline.merge([o["events"] for o in out]))
+        if best is None or bubble["window"] < best["window"]:
+            best = bubble
+    return best["fraction"]
+
+
+# -- running, comparing ---------------------------------------------------------------
+
+def _run(name, schedule, fns, p, m, unit, timeout) -> list[dict]:
+    try:
+        calls = grading.run(zb.Step(name, schedule, fns, m, unit), world_size=p,
+                            timeout=timeout)
+        return [c["value"] for c in calls]
+    except AssertionError as failure:
+        if current() is not None:
+            current().restart()  # posted receives of the failed step: gone
+        problem = str(failure)
+    if "did not finish" in problem:
+        try:
+            ideal_events(schedule, p, m)
+        except AssertionError as why:
+            problem += f"\nOn an ideal machine: {why}"
+    raise AssertionError(problem)
+
+
+def reference(m):
+    """Single-process training on the whole batch: (loss, {name: gradient})."""
+    model = models.DeepMLP(**zb.MODEL_KW)
+    x, y = zb.data(m)
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    return loss.detach(), {n: q.grad for n, q in model.named_parameters()}
+
+
+def _assert_same(out, p, m, what):
+    loss, grads = reference(m)
+    wrong = []
+    for rank, o in enumerate(out):
+        for name, grad in o["grads"].items():
+            try:
+                torch.testing.assert_close(grad, grads[name])
+            except AssertionError:
+                err = (grad - grads[name]).abs().max().item()
+                zero = " (all zero)" if not grad.any() else ""
+                wrong.append(f"{name} on rank {rank}: max error {err:.3g}{zero}, "
+                             f"largest |grad| {grads[name].abs().max().item():.3g}")
+    if wrong:
+        raise AssertionError(
+            f"after {what} on p={p} ranks with m={m}, {len(wrong)} of {len(grads)} gradients "
+            "differ from single-process training on the whole batch: " + "; ".join(wrong[:3])
+            + ". Each W adds dL/dW = dz^T h and dL/db = dz summed over the micro-batch into "
+            ".grad (+=, the m micro-batches add up)." + _missing_w(out, m))
+    torch.testing.assert_close(out[-1]["loss"], loss, msg=lambda text: f"the loss: {text}")
+
+
+def _missing_w(out, m) -> str:
+    missing = [f"rank {r}: {_ops(sorted(set(('W', r, i) for i in range(m)) - set(o['ran'])))}"
+               for r, o in enumerate(out)
+               if set(("W", r, i) for i in range(m)) - set(o["ran"])]
+    return (" W never ran for " + "; ".join(missing) + ".") if missing else ""
+
+
+def _ops(ops) -> str:
+    return "[" + ", ".join(f"{k}(stage {s}, micro-batch {i})" for k, s, i in ops) + "]"
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__name__", None) or "the function"

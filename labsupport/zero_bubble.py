@@ -1,0 +1,229 @@
+"""The zero-bubble pipeline's split backward, run on chapter 5's harness (assignment 3).
+
+    zero_bubble.train_step_zb_h1(pp)   # the reference schedule: pp.forward / pp.backward_input
+                                       # (B) / pp.backward_weight (W)
+    grading.run(zero_bubble.Step(...)) # one recorded step on the ranks (grading_zero_bubble)
+
+Zero Bubble Pipeline Parallelism (Qi, Wan, Huang & Lin, arXiv 2401.10241,
+ICLR 2024) splits a stage's backward in two: **B**, the gradient with respect
+to the stage's input (dL/dx = dL/dz W for a linear layer z = x W^T + b),
+which the previous stage waits for, and **W**, the gradient with respect to
+the weights (dL/dW = dL/dz^T x), which nobody waits for. ZB-H1 (their Sec.
+3.1, Fig. 3) is 1F1B in which rank r starts its W's r steps late, so every
+rank keeps the same number of micro-batches in flight as 1F1B's first rank,
+and the W's fill the cool-down: with F, B and W of equal cost its bubble is
+(p-1)(F+B-W), a third of 1F1B's (p-1)(F+B+W).
+
+The harness is chapter 5's (``labsupport.pipeline``: tags, posted
+receives, sends, ``PipelineRank``), with the stage's Linear layers run on
+detached weights, so that autograd can only give dL/dx and each layer's
+dL/dz, and W must compute the weight gradients by hand.
+
+Timing on 2 shared cores: every F, B and W is padded with a sleep to
+``UNIT`` seconds (a fused 1F1B backward to 2 units), so a rank's compute
+takes the same time whatever else the machine runs, and the recorded idle
+fraction measures the *schedule* (plus message latency), not the load.
+book/instructors.md says why and what margin the checks need. The checks
+are in ``labsupport.grading.zero_bubble``.
+"""
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from labsupport import models, pipeline
+
+MODEL_KW = dict(d_in=32, width=64, depth=9, d_out=8, seed=0)
+ROWS = 8  # samples per micro-batch
+UNIT = 0.02  # s, the time of every F, B and W in the timed runs
+
+
+# -- the reference: B, W and the ZB-H1 schedule --------------------------------------
+
+# The assignment's reference solution (notebooks/assignments/source/zero_bubble_pipeline),
+# character for character (tests/test_grading_zero_bubble.py): B and W as in Qi et al.,
+# Fig. 1; the schedule of their Sec. 3.1, Fig. 3 (top).
+
+def backward_input(x, y, dy, zs):
+    """B: (dL/dx, [dL/dz for z in zs]); no weight gradient."""
+    dx, *dzs = torch.autograd.grad(y, [x, *zs], dy)
+    return dx, dzs
+
+
+def backward_weight(layers, dzs):
+    """W: add dL/dW and dL/db of every (linear, h, z) into .grad."""
+    for (linear, h, _), dz in zip(layers, dzs):
+        linear.weight.grad += dz.T @ h      # (out, b/m) @ (b/m, in)
+        linear.bias.grad += dz.sum(0)
+
+
+def train_step_zb_h1(pp):
+    """ZB-H1: F, B and W of stage pp.rank for micro-batches 0..pp.m-1."""
+    p, m, rank = pp.world_size, pp.m, pp.rank
+    warmup, w = min(p - rank - 1, m), 0
+    for i in range(warmup):
+        pp.forward(rank, i)
+    for k in range(m - warmup):
+        pp.forward(rank, warmup + k)
+        pp.backward_input(rank, k)
+        if k >= rank:  # rank r starts its W's r steps late: p in flight
+            pp.backward_weight(rank, w)
+            w += 1
+    for k in range(m - warmup, m):  # cool-down: each wait gets a W
+        pp.backward_input(rank, k)
+        pp.backward_weight(rank, w)
+        w += 1
+    for i in range(w, m):
+        pp.backward_weight(rank, i)
+
+
+def train_step_1f1b_split(pp):
+    """1F1B with each backward split into B then, at once, W: the order to improve on."""
+    warmup = min(pp.world_size - pp.rank - 1, pp.m)
+    for i in range(warmup):
+        pp.forward(pp.rank, i)
+    for i in range(pp.m - warmup):
+        pp.forward(pp.rank, warmup + i)
+        pp.backward_input(pp.rank, i)
+        pp.backward_weight(pp.rank, i)
+    for i in range(pp.m - warmup, pp.m):
+        pp.backward_input(pp.rank, i)
+        pp.backward_weight(pp.rank, i)
+
+
+# -- on the ranks -----------------------------------------------------------------------
+
+class ZBRank(pipeline.PipelineRank):
+    """Chapter 5's PipelineRank with F, B and W, each padded to ``unit`` seconds."""
+
+    def __init__(self, stages, x, y, m, hidden, fns, unit):
+        super().__init__(stages, x, y, m, hidden)
+        self.input_grad, self.weight_grad = fns
+        self.unit, self.wstash, self.ran = unit, {}, []
+
+    @contextlib.contextmanager
+    def compute(self, name, s, i, units=1):
+        start = time.perf_counter()
+        yield
+        rest = units * self.unit - (time.perf_counter() - start)
+        if rest > 0:
+            time.sleep(rest)
+        self.tl.record("compute", name, start, time.perf_counter(), mb=i, stage=s)
+        self.ran.append((name, s, i))
+
+    def forward(self, s, i):
+        last = s == self.num_stages - 1
+        x = self.inputs[i] if s == 0 else pipeline.recv(self, s, i)
+        x = x.detach().requires_grad_()
+        with self.compute("F", s, i):
+            h, layers = x, []
+            for module in _leaves(self.stages[s]):
+                if isinstance(module, nn.Linear):  # detached: B gives no dL/dW
+                    weight, bias = module.weight.detach(), module.bias.detach()
+                    z = F.linear(h, weight, bias)             # (b/m, out)
+                    layers.append((module, h.detach(), z))  # W: h, dL/dz
+                    h = z
+                else:
+                    h = module(h)
+            y = F.mse_loss(h, self.targets[i]) / self.m if last else h
+        if last:
+            self.losses.append(y.detach())
+        else:
+            pipeline.send(self, y, s + 1, i)
+        self.stash[s, i] = (x, y, layers)
+        self.peak = max(self.peak, len(self.stash) + len(self.wstash))
+
+    def backward_input(self, s, i):
+        x, y, layers = self.stash.pop((s, i))
+        dy = None if s == self.num_stages - 1 else pipeline.recv(self, s, i, grad=True)
+        before = self._grads(s)
+        with self.compute("B", s, i):
+            dx, dzs = self.input_grad(x, y, dy, [z for _, _, z in layers])
+        _check_b(_name(self.input_grad), self._grads(s), before, s, layers, dx, dzs, x)
+        if s > 0:
+            pipeline.send(self, dx, s - 1, i, grad=True)
+        self.wstash[s, i] = (layers, list(dzs))
+
+    def backward_weight(self, s, i):
+        if (s, i) not in self.wstash:
+            raise AssertionError(f"rank {self.rank} called W of micro-batch {i} before its "
+                                 "B (or twice): W needs the dL/dz that B computes")
+        layers, dzs = self.wstash.pop((s, i))
+        before = self._grads(s)
+        with self.compute("W", s, i), torch.no_grad():
+            self.weight_grad(layers, dzs)
+        if all(torch.equal(a, b) for a, b in zip(self._grads(s), before)):
+            raise AssertionError(f"{_name(self.weight_grad)} left every .grad of stage {s} "
+                                 f"unchanged "
+                                 f"(micro-batch {i}): W must add dz^T h and dz.sum(0) into "
+                                 "each Linear's weight.grad and bias.grad")
+
+    def backward(self, s, i):
+        """The chapter's backward, B and W at once (2 units); dx sent after both."""
+        x, y, layers = self.stash.pop((s, i))
+        dy = None if s == self.num_stages - 1 else pipeline.recv(self, s, i, grad=True)
+        with self.compute("B", s, i, units=2):
+            dx, dzs = backward_input(x, y, dy, [z for _, _, z in layers])
+            with torch.no_grad():
+                backward_weight(layers, dzs)
+        if s > 0:
+            pipeline.send(self, dx, s - 1, i, grad=True)
+
+    def _grads(self, s):
+        return [q.grad.clone() for q in self.stages[s].parameters()]
+
+
+def _leaves(module):
+    return [mod for mod in module.modules() if not list(mod.children())]
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__name__", None) or "the function"
+
+
+def _check_b(name, after, before, s, layers, dx, dzs, x):
+    if not all(torch.equal(a, b) for a, b in zip(after, before)):
+        raise AssertionError(f"{name} changed the weight gradients of stage {s}: B "
+                             "computes only dL/dx and each layer's dL/dz; dL/dW is W's work "
+                             "(backward_weight), which the schedule runs later")
+    shapes = [tuple(z.shape) for _, _, z in layers]
+    got = [tuple(getattr(d, "shape", ())) for d in (dzs or [])]
+    if got != shapes or getattr(dx, "shape", None) != x.shape:
+        raise AssertionError(f"{name} must return (dx, dzs): dx shaped like the "
+                             f"stage input {tuple(x.shape)}, and one dL/dz per Linear layer "
+                             f"shaped like its output z, {shapes}; got dx "
+                             f"{tuple(getattr(dx, 'shape', ()))} and dzs {got}")
+
+
+class Step:
+    """What grading.run runs on each rank: one step of ``schedule``, recorded."""
+
+    def __init__(self, name, schedule, fns, m, unit):
+        self.__name__, self.args = name, (schedule, fns, m, unit)
+
+    def __call__(self):
+        schedule, fns, m, unit = self.args
+        p = dist.get_world_size()
+        model = models.DeepMLP(**MODEL_KW)
+        for q in model.parameters():
+            q.grad = torch.zeros_like(q)
+        x, y = data(m)
+        pp = ZBRank(pipeline.split_stages(model, p), x, y, m, MODEL_KW["width"], fns, unit)
+        pipeline.post_receives(pp)
+        dist.barrier(group=pp.group)  # start the step together
+        schedule(pp)
+        for work in pp.pending:
+            work.wait()
+        dist.destroy_process_group(pp.group)
+        own = {id(q) for stage in pp.stages.values() for q in stage.parameters()}
+        grads = {n: q.grad for n, q in model.named_parameters() if id(q) in own}
+        loss = torch.stack(pp.losses).sum() if pp.losses else None
+        return dict(grads=grads, loss=loss, events=pp.tl.events, peak=pp.peak, ran=pp.ran)
+
+
+def data(m):
+    """The batch: ROWS samples per micro-batch of chapter 5's toy regression."""
+    return models.toy_regression(ROWS * m, MODEL_KW["d_in"], MODEL_KW["d_out"], seed=1)

@@ -1,0 +1,210 @@
+# Run: .venv/bin/python -m pytest tests/test_grading_zero_bubble.py   (~3 min; -m "not slow": ~1 min)
+"""Assignment 3 (the zero-bubble schedule ZB-H1): its checks, then the real nbgrader pipeline.
+
+Layer 1 (unit): ``labsupport.grading.zero_bubble`` on the reference and on
+each plausible wrong B, W and schedule, with the message each gets; the
+ideal machine against the paper's numbers. Layer 4 (slow): `nbgrader
+generate_assignment`, `autograde` and `export` on five submissions whose
+scores, per test cell and in the exported CSV, are known.
+"""
+import csv
+import inspect
+import re
+import time
+
+import nbformat
+import pytest
+
+from labsupport import pipeline, timeline
+from labsupport.grading import zero_bubble as gz
+from labsupport import zero_bubble as zb
+import grading_zero_bubble_fns as fns
+from nbgrader_run import DEADLINE, autograde, autograded, cell_seconds, errors, scores, \
+    source_path
+
+ASSIGNMENT = "zero_bubble_pipeline"
+SHORT = 3.0  # s, deadline of the unit tests that deadlock on purpose
+
+
+def fails(check, *args, **kwargs) -> str:
+    with pytest.raises(AssertionError) as info:
+        check(*args, **kwargs)
+    return str(info.value)
+
+
+# -- layer 1: the ideal machine and the checks ------------------------------------------
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 4), (4, 8), (3, 6), (8, 16), (4, 5)])
+def test_zb_h1_takes_3m_plus_p_minus_1_units_and_holds_min_p_m(p, m):
+    """Qi et al.: bubble (p-1)(F+B-W) = p-1 units when F = B = W = 1 (m >= p)."""
+    events = gz.ideal_events(zb.train_step_zb_h1, p, m)
+    assert max(e["end"] for e in events) == 3 * m + p - 1
+    assert timeline.bubble(events)["fraction"] == pytest.approx((p - 1) / (3 * m + p - 1))
+    for rank, ops in enumerate(gz.orders(zb.train_step_zb_h1, p, m)):
+        held = [sum((k == "F") - (k == "W") for k, _, _ in ops[:j + 1]) for j in range(len(ops))]
+        assert max(held) == min(p, m), rank
+
+
+def test_the_reference_passes_every_check():
+    gz.check_backward_split(zb.backward_input, zb.backward_weight)
+    gz.check_schedule_order(zb.train_step_zb_h1, cases=gz.CASES + ((4, 5), (8, 16)))
+    gz.check_memory(zb.train_step_zb_h1)
+    gz.check_schedule_grads(zb.train_step_zb_h1)
+
+
+def test_the_idle_fraction_of_zb_h1_is_below_1f1b_and_w_at_once_is_not_enough():
+    rows = gz.check_idle_fraction(zb.train_step_zb_h1)
+    for row in rows:  # measured under load on 2 shared cores: printed, not asserted
+        print(f"p={row['p']} m={row['m']}: ZB-H1 {row['measured']:.3f}, 1F1B "
+              f"{row['one_f_one_b']:.3f}, limit {row['limit']:.3f}, ideal "
+              f"{row['zb_h1_ideal']:.3f}")
+    text = fails(gz.check_idle_fraction, fns.train_step_w_at_once)
+    assert text.startswith("train_step_w_at_once left the ranks idle ")
+    assert "at least 50% of ZB-H1's saving" in text
+
+
+def test_w_right_after_b_loses_the_order_saying_why():
+    gz.check_schedule_grads(fns.train_step_w_at_once)
+    gz.check_memory(fns.train_step_w_at_once)
+    text = fails(gz.check_schedule_order, fns.train_step_w_at_once)
+    assert text.startswith("train_step_w_at_once takes 14 time units on p=2 ranks with m=4 on "
+                           "an ideal machine (F = B = W = 1 unit, free messages); ZB-H1 "
+                           "takes 13 and 1F1B 15.")
+
+
+def test_a_dropped_w_is_named_by_every_check():
+    text = fails(gz.check_schedule_order, fns.train_step_w_dropped)
+    assert "rank 1 must call F, B and W of its stage 1 once" in text
+    assert "missing [W(stage 1, micro-batch 3)]" in text
+    assert "A W that never runs is a weight gradient never computed" in text
+    for check in (gz.check_memory, gz.check_idle_fraction):
+        assert "missing [W(stage 1, micro-batch 3)]" in fails(check, fns.train_step_w_dropped)
+    text = fails(gz.check_schedule_grads, fns.train_step_w_dropped)
+    assert "differ from single-process training" in text
+    assert "W never ran for rank 1: [W(stage 1, micro-batch 3)]" in text
+
+
+def test_all_w_at_the_end_holds_too_much():
+    text = fails(gz.check_memory, fns.train_step_w_at_end)
+    assert text.startswith("train_step_w_at_end held up to [4, 4] micro-batches per rank "
+                           "(ranks 0..1) on p=2 ranks with m=4")
+    assert "1F1B holds at most min(p, m) = 2" in text
+
+
+def test_w_before_its_b_is_explained_without_running():
+    text = fails(gz.check_schedule_order, fns.train_step_w_before_b)
+    assert "rank 0 calls W of micro-batch 0 before its B; rank 1 calls W of micro-batch 0 " \
+           "before its B: W needs the dL/dz that B computes" in text
+
+
+def test_a_deadlock_ends_at_the_deadline_with_the_ideal_machines_diagnosis():
+    text = fails(gz.check_schedule_order, fns.train_step_mixed_up)
+    assert text.startswith("train_step_mixed_up deadlocks on p=2 ranks with m=4")
+    t0 = time.monotonic()
+    text = fails(gz.check_schedule_grads, fns.train_step_mixed_up, timeout=SHORT)
+    assert time.monotonic() - t0 < SHORT + 15
+    assert text.startswith("train_step_mixed_up did not finish within 3 s on 2 ranks")
+    assert "waited" in text and "dist.irecv" in text
+    assert "On an ideal machine: train_step_mixed_up deadlocks" in text
+    gz.check_schedule_grads(zb.train_step_zb_h1)  # the next check runs on fresh ranks
+
+
+@pytest.mark.parametrize("weight_grad, message", [
+    (fns.backward_weight_assigned, "differ from single-process training"),
+    (fns.backward_weight_transposed, "differ from single-process training"),
+    (fns.backward_weight_noop, "backward_weight_noop left every .grad of stage 0 unchanged"),
+])
+def test_a_wrong_w_fails_the_split_check(weight_grad, message):
+    text = fails(gz.check_backward_split, zb.backward_input, weight_grad)
+    assert message in text
+    assert 'File "labsupport/' not in text
+
+
+def test_a_b_without_the_layer_gradients_says_what_to_return():
+    text = fails(gz.check_backward_split, fns.backward_input_no_dzs, zb.backward_weight)
+    assert "backward_input_no_dzs must return (dx, dzs)" in text
+    assert "one dL/dz per Linear layer" in text
+
+
+def test_the_reference_is_the_assignments_solution():
+    nb = nbformat.read(source_path(ASSIGNMENT), as_version=4)
+    for fn in (zb.backward_input, zb.backward_weight, zb.train_step_zb_h1):
+        source = next(c.source for c in nb.cells
+                      if c.metadata.get("nbgrader", {}).get("grade_id") == fn.__name__)
+        assert re.sub(r"\n *### (BEGIN|END) SOLUTION", "", source) == \
+            inspect.getsource(fn).strip(), fn.__name__
+
+
+# -- layer 4: nbgrader on assignment 3 ------------------------------------------------
+
+def solution(fn, name=None) -> str:
+    source = inspect.getsource(fn).strip()
+    return source if name is None else source.replace(f"def {fn.__name__}(", f"def {name}(", 1)
+
+
+SCHEDULE = "train_step_zb_h1"
+SUBMISSIONS = {
+    "reference": {},
+    "untouched": None,
+    "w_at_once": {SCHEDULE: solution(fns.train_step_w_at_once, SCHEDULE)},
+    "w_dropped": {SCHEDULE: solution(fns.train_step_w_dropped, SCHEDULE)},
+    "deadlock": {SCHEDULE: solution(fns.train_step_mixed_up, SCHEDULE)},
+}
+CELLS = {"test_backward_split": 3, "test_schedule_order": 2, "test_idle_fraction": 2,
+         "test_memory": 1, "test_schedule_grads": 2}
+SCHEDULE_CELLS = ("test_schedule_order", "test_idle_fraction", "test_memory",
+                  "test_schedule_grads")
+FAILED = {  # submission -> the test cells that score zero, and what their message says
+    "reference": {},
+    "untouched": {name: "NotImplementedError" for name in CELLS},
+    "w_at_once": {"test_schedule_order": "ZB-H1 takes 13 and 1F1B 15",
+                  "test_idle_fraction": "at least 50% of ZB-H1's saving"},
+    "w_dropped": {**dict.fromkeys(SCHEDULE_CELLS, "missing [W(stage 1, micro-batch 3)]"),
+                  "test_schedule_grads": "W never ran for rank 1"},
+    "deadlock": {**dict.fromkeys(SCHEDULE_CELLS, "deadlocks on p=2 ranks with m=4"),
+                 "test_schedule_grads": "did not finish within 4 s on 2 ranks"},
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    return autograde(ASSIGNMENT, SUBMISSIONS, tmp_path_factory.mktemp("course"))
+
+
+@pytest.mark.slow
+def test_the_student_version_has_stubs_and_no_hidden_tests(graded):
+    release = graded["release"].read_text()
+    assert "### BEGIN SOLUTION" not in release and "HIDDEN TESTS" not in release
+    assert "(8, 16)" not in release
+    assert release.count("raise NotImplementedError()") == 3
+
+
+@pytest.mark.slow
+def test_exported_grades_are_the_expected_totals(graded):
+    with open(graded["course"] / "grades.csv", newline="") as f:
+        rows = {row["student_id"]: row for row in csv.DictReader(f)}
+    expected = {s: sum(p for c, p in CELLS.items() if c not in FAILED[s]) for s in SUBMISSIONS}
+    assert {s: float(rows[s]["score"]) for s in SUBMISSIONS} == expected
+    assert expected == {"reference": 10, "untouched": 0, "w_at_once": 6, "w_dropped": 3,
+                        "deadlock": 3}
+    assert {float(row["max_score"]) for row in rows.values()} == {10.0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student", SUBMISSIONS)
+def test_each_test_cell_scores_as_expected_with_a_helpful_message(graded, student):
+    assert scores(graded, student, CELLS) == {
+        name: 0 if name in FAILED[student] else points for name, points in CELLS.items()}
+    errs = errors(graded, student)
+    for name, message in FAILED[student].items():
+        text = errs[name.replace("_", "-")]
+        assert message in text, f"{name}:\n{text}"
+    assert (errs["try-schedule"] != "") == (student in ("untouched", "w_dropped", "deadlock"))
+
+
+@pytest.mark.slow
+def test_a_deadlock_ends_its_run_at_the_deadline(graded):
+    seconds = cell_seconds(autograded(graded, "deadlock"))
+    assert DEADLINE <= seconds["test-schedule-grads"] < DEADLINE + 20
+    assert seconds["test-schedule-order"] < 5  # found on the ideal machine, not waited for
+    assert graded["autograde_s"] < 300
