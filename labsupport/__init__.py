@@ -21,7 +21,7 @@ __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "current", "devi
 # Submodules a chapter reaches as ``ls.<name>``, imported on first use so that
 # ``import labsupport`` stays light (it does not import torch by itself).
 _SUBMODULES = {"bench", "bubbles", "ddp", "ddp_probe", "diagrams", "grading", "models",
-               "pipeline", "pipeline_sim", "plots", "ring", "timeline", "traffic",
+               "pipeline", "pipeline_sim", "plots", "ring", "timeline", "traffic", "zero",
                "your_turn"}
 
 
