@@ -58,6 +58,9 @@ def unit_params(module, units, unit) -> list:
         if not isinstance(u, nn.Module) or id(u) not in subs or u is module:
             raise ValueError(f"Zero3: every unit must be a submodule of the wrapped module "
                              f"(not the module itself); got {type(u).__name__}")
+        if not list(u.parameters()):
+            raise ValueError(f"Zero3: the unit {type(u).__name__} has no parameters: list "
+                             "only modules that have some")
         for p in u.parameters():
             if owner.setdefault(p, u) is not u:
                 raise ValueError(f"Zero3: a parameter of shape {tuple(p.shape)} is in two "

@@ -31,7 +31,7 @@ LESSON_NAMES = ("FlatParams", "zero_step", "Zero3")
 STEPS, BATCH = 3, 8
 ADAMW = dict(lr=1e-2, weight_decay=0.1)
 TOL = dict(rtol=1e-9, atol=1e-9)  # fp64; Adam magnifies rounding where a gradient is ~0
-GPT_ODD = models.GPTConfig(vocab_size=37, seq_len=8, hidden=16, heads=2, layers=2)
+GPT_ODD = models.GPTConfig(vocab_size=37, seq_len=8, hidden=15, heads=3, layers=2)  # Ψ odd
 GPT_UNTIED = models.GPTConfig(vocab_size=32, seq_len=8, hidden=16, heads=4, layers=3,
                               tie_weights=False)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -197,7 +197,9 @@ def _errors():
                                                 [make("gpt_tied").blocks[0]]),
         "nested units": lambda: (lambda m: zero.Zero3(m, [m.blocks[0], m.blocks[0].attn]))(
             make("gpt_tied")),
-        "no root": lambda: (lambda m: zero.Zero3(m, list(m)))(make("mlp")),
+        "no root": lambda: (lambda m: zero.Zero3(m, [x for x in m if isinstance(x, torch.nn.Linear)]))(
+            make("mlp")),
+        "unit without parameters": lambda: (lambda m: zero.Zero3(m, [m[1]]))(make("mlp")),
     }
     for name, case in cases.items():
         try:
@@ -222,6 +224,7 @@ def test_what_is_not_supported_fails_with_a_clear_message(cluster):
                 "empty": "no parameters", "mixed dtypes": "one flat buffer holds one dtype",
                 "two groups": "in two parameter groups", "overlapping units": "submodule",
                 "nested units": "in two units", "no root": "leave one module",
+                "unit without parameters": "has no parameters",
                 "closure": "takes no closure", "no grad": "has no gradient",
                 "state_dict": "consolidate_state_dict"}
     for name, text in expected.items():
