@@ -110,7 +110,7 @@ class FlatParams:
         return flat[start:start + self.shard_numel]             # (⌈Ψ/N⌉,)
 
     def alloc_grads(self):
-        """A zeroed flat gradient buffer; backward accumulates into views of it."""
+        """A zeroed flat gradient buffer; backward adds into its views."""
         self.grad = torch.zeros_like(self.data)
         for p, view in zip(self.params, self.views(self.grad)):
             p.grad = view
@@ -131,7 +131,7 @@ class FlatParams:
         self.data.untyped_storage().resize_(0)
 
     def gather(self, shard):
-        """ZeRO-3: allocate the full buffer again, all-gather every shard into it."""
+        """ZeRO-3: allocate the full buffer again; all-gather the shards."""
         nbytes = self.data.numel() * self.data.element_size()
         self.data.untyped_storage().resize_(nbytes)
         dist.all_gather_single(self.data, shard)
@@ -139,7 +139,7 @@ class FlatParams:
 
 # Kept equal to the notebook's copy by tests/test_zero.py
 def zero_step(flat, optimizer, stage):
-    """ZeRO-1 or ZeRO-2, after backward: reduce-scatter, step my shard, all-gather.
+    """After backward, ZeRO-1 or -2: reduce-scatter, step, all-gather.
 
     The reduce-scatter leaves each rank the mean gradient of its own shard;
     the optimizer updates only that shard (its state is 1/N of Adam's);

@@ -197,7 +197,8 @@ def _errors():
                                                 [make("gpt_tied").blocks[0]]),
         "nested units": lambda: (lambda m: zero.Zero3(m, [m.blocks[0], m.blocks[0].attn]))(
             make("gpt_tied")),
-        "no root": lambda: (lambda m: zero.Zero3(m, [x for x in m if isinstance(x, torch.nn.Linear)]))(
+        "no root": lambda: (lambda m: zero.Zero3(
+            m, [x for x in m if isinstance(x, torch.nn.Linear)]))(
             make("mlp")),
         "unit without parameters": lambda: (lambda m: zero.Zero3(m, [m[1]]))(make("mlp")),
     }
@@ -252,3 +253,68 @@ def test_the_notebooks_lesson_code_is_the_packages():
     assert set(LESSON_NAMES) <= set(lesson), sorted(lesson)
     for name in LESSON_NAMES:
         assert lesson[name] == inspect.getsource(getattr(zero, name)).rstrip(), name
+
+
+# -- the your-turn checkers of the notebook, on right and wrong answers ----------------
+
+def _notebook_namespace():
+    """The notebook's definitions up to its checkers, with its small parameters."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    module = type(sys)("zero_chapter")
+    sys.modules[module.__name__] = module
+    small = nb.metadata["labsupport"]["small_parameters"]
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "ls.run(" in cell.source and "def " not in cell.source:
+            continue
+        tree = ast.parse(cell.source)
+        keep = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom,
+                                                       ast.FunctionDef, ast.ClassDef))
+                or "parameters" in cell.metadata.get("tags", [])
+                or cell.source.startswith("CFG =")]
+        code = "\n".join(ast.get_source_segment(cell.source, n) for n in keep)
+        exec(compile(code, "<notebook>", "exec"), module.__dict__)
+        if "parameters" in cell.metadata.get("tags", []):
+            module.__dict__.update(small)
+        if "def zero2_update" in cell.source and "solution" in cell.metadata.get("tags", []):
+            break  # the reference solutions of both exercises are in
+    module.PSI = sum(p.numel() for p in module.new_model().parameters())
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def _bounds_without_padding(numel, rank, world_size):
+    shard = numel // world_size
+    return rank * shard, (rank + 1) * shard
+
+
+def _update_with_all_reduce(full_grad, param_shard, optimizer):
+    dist.all_reduce(full_grad)
+    full_grad /= dist.get_world_size()
+    n = param_shard.numel()
+    param_shard.grad = full_grad[dist.get_rank() * n:(dist.get_rank() + 1) * n]
+    optimizer.step()
+    return full_grad
+
+
+def _update_without_mean(full_grad, param_shard, optimizer):
+    grad = torch.empty_like(param_shard)
+    dist.reduce_scatter_single(grad, full_grad)
+    param_shard.grad = grad                      # the sum, not the mean
+    optimizer.step()
+    return grad
+
+
+def test_the_notebooks_checkers_pass_right_answers_and_explain_wrong_ones():
+    ns = _notebook_namespace()
+    cases = [(ns.check_shard_bounds, ns.shard_bounds, None),
+             (ns.check_zero2_update, ns.zero2_update, None),
+             (ns.check_shard_bounds, _bounds_without_padding, "do not cover it"),
+             (ns.check_zero2_update, _update_with_all_reduce, "not all-reduce"),
+             (ns.check_zero2_update, _update_without_mean, "rank 0: Tensor-likes are not close")]
+    with ls.start(world_size=4) as cluster:
+        for check, fn, message in cases:
+            if message is None:
+                cluster.run(check, fn)
+                continue
+            with pytest.raises(ls.RankError, match=message):
+                cluster.run(check, fn)

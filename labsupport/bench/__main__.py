@@ -5,6 +5,7 @@
     python -m labsupport.bench ring           # chapter 2's ring all-reduce vs dist.all_reduce
     python -m labsupport.bench ddp            # chapter 3's data-parallel versions vs DDP
     python -m labsupport.bench pipeline       # chapter 5's measured bubbles vs the formulas
+    python -m labsupport.bench zero           # chapter 7's memory vs formula, ZeRO-3 vs FSDP2
     python -m labsupport.bench <name> --help
 """
 import importlib
@@ -16,6 +17,7 @@ BENCHMARKS = {
     "ring": "labsupport.bench.ring",
     "ddp": "labsupport.bench.ddp",
     "pipeline": "labsupport.bench.pipeline",
+    "zero": "labsupport.bench.zero",
 }
 
 
