@@ -1,9 +1,13 @@
 """ZeRO stages 1-3 on a flat parameter buffer (chapter 7), reusable with the interfaces users know.
 
-    flat = FlatParams(model.parameters())         # every parameter a view into one buffer
-    opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)  # ZeRO-1
-    model = Zero3(model, units=list(model.blocks))  # ZeRO-3: parameters sharded too
-    model(ids, targets).backward(); model.sync_gradients(); opt.step()
+    # ZeRO-1, in place of torch.optim.AdamW(model.parameters(), lr=1e-3):
+    opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
+    model(ids, targets).backward(); opt.step(); opt.zero_grad()
+
+    # ZeRO-3: each block a unit, the other parameters the root unit
+    model = Zero3(model, units=model.blocks)
+    opt = torch.optim.AdamW(model.shards.parameters(), lr=1e-3)
+    model(ids, targets).backward(); model.sync_gradients(); opt.step(); opt.zero_grad()
     model.full_parameters()                       # {name: full tensor}, on every rank
 
 Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
