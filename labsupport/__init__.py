@@ -24,7 +24,8 @@ __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "current", "devi
 _SUBMODULES = {"bench", "bubbles", "chapter_checks", "checkpointing", "ddp", "ddp_probe",
                "diagrams", "doctor", "grading", "memory", "memory_calc", "models",
                "pipeline", "pipeline_sim", "plots", "profiling", "ring", "ring_attention",
-               "sweep", "tensor_parallel", "timeline", "tp_probe", "traffic", "your_turn"}
+               "sweep", "tensor_parallel", "timeline", "tp_probe", "traffic", "your_turn",
+               "zero"}
 
 
 def __getattr__(name):

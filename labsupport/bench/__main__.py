@@ -8,6 +8,7 @@
     python -m labsupport.bench memory         # chapter 0: bytes counted vs the formulas
     python -m labsupport.bench ring_attention # chapter 6's ring: overlap, causal imbalance, vs SDPA
     python -m labsupport.bench tp             # chapter 4's tensor parallelism vs DTensor
+    python -m labsupport.bench zero           # chapter 7's memory vs formula, ZeRO-3 vs FSDP2
     python -m labsupport.bench <name> --help
 """
 import importlib
@@ -22,6 +23,7 @@ BENCHMARKS = {
     "memory": "labsupport.bench.memory",
     "ring_attention": "labsupport.bench.ring_attention",
     "tp": "labsupport.bench.tp",
+    "zero": "labsupport.bench.zero",
 }
 
 

@@ -1,0 +1,217 @@
+"""Checks of assignment 5: ZeRO-2 with gradients reduce-scattered in buckets during backward.
+
+    import labsupport.grading.zero as gz
+    gz.check_parity(Zero2Overlap)          # = single-process AdamW after K steps, N = 2 and 4
+    gz.check_reduce_scatter(Zero2Overlap)  # one reduce-scatter per bucket, no all-reduce
+    gz.check_overlap(Zero2Overlap)         # each issued during backward, asynchronously
+    gz.check_memory(Zero2Overlap)          # gradients freed as they go; only shards remain
+
+The student's class is ``Zero2Overlap(model, bucket_numel, **adamw)`` with
+``finish()`` (after backward: wait, keep the mean gradient shards) and
+``step()``; its ``buckets`` each have ``params``, ``data``, ``numel``,
+``shard_numel``, ``param_shard`` and ``grad``. Every check runs it on the
+ranks through ``labsupport.grading.run``, so a deadlock ends at the
+grading deadline with an AssertionError saying where each rank was stuck.
+ZeRO: Rajbhandari et al. 2020 (arXiv 1910.02054), §5.2 (P_g: "we use a
+bucketization strategy ... reduce-scatter").
+"""
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from labsupport import memory, models
+from labsupport.grading import checks as grading
+
+CFG = models.GPTConfig(vocab_size=37, seq_len=8, hidden=15, heads=3, layers=2)  # Ψ odd
+STEPS, BATCH = 3, 8
+ADAMW = dict(lr=1e-2, weight_decay=0.1)
+TOL = dict(rtol=1e-9, atol=1e-9)  # fp64: another order of additions, magnified by Adam
+_COLLECTIVES = ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter",
+                "all_reduce", "all_gather_single", "all_gather_into_tensor", "all_gather")
+
+
+def new_model():
+    return models.GPT(CFG, seed=0).double()
+
+
+def batch(step):
+    ids, targets = models.toy_tokens(STEPS * BATCH, CFG.seq_len, CFG.vocab_size, seed=1)
+    return ids[step * BATCH:(step + 1) * BATCH], targets[step * BATCH:(step + 1) * BATCH]
+
+
+def reference(steps=STEPS) -> list:
+    """AdamW in one process on the full batch: the parameters after ``steps`` steps."""
+    model = new_model()
+    optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
+    for step in range(steps):
+        model(*batch(step)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [p.detach() for p in model.parameters()]
+
+
+class _Log:
+    """Collective calls on this rank, and gradient bytes seen during backward."""
+
+    def __init__(self):
+        self.calls, self.in_backward, self.peak_grad_bytes = [], False, 0
+
+
+@contextlib.contextmanager
+def _recording(log: _Log):
+    """Patch torch.distributed's collectives to log each call (name, sizes, when)."""
+    originals = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+
+    def wrap(name, fn):
+        def logged(*args, **kwargs):
+            tensors = [a for a in args[:2] if torch.is_tensor(a)]
+            log.calls.append(dict(name=name, numel=[t.numel() for t in tensors],
+                                  nbytes=[t.numel() * t.element_size() for t in tensors],
+                                  async_op=bool(kwargs.get("async_op", False)),
+                                  in_backward=log.in_backward))
+            return fn(*args, **kwargs)
+        return logged
+    for name, fn in originals.items():
+        setattr(dist, name, wrap(name, fn))
+    try:
+        yield log
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+
+
+def _train(cls, bucket_numel, steps) -> dict:
+    """On each rank: ``steps`` steps of the student's class, recorded."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = new_model()
+    params = list(model.parameters())
+    zero = cls(model, bucket_numel, **ADAMW)
+    log = _Log()
+
+    def tally(_):  # runs after the student's own hook on each parameter
+        held = memory.storage_bytes(p.grad for p in params)
+        log.peak_grad_bytes = max(log.peak_grad_bytes, held)
+    for p in params:
+        p.register_post_accumulate_grad_hook(tally)
+    with _recording(log):
+        for step in range(steps):
+            start = len(log.calls)                # the last step's calls are returned
+            ids, targets = (models.shard(t, rank, world_size) for t in batch(step))
+            loss = model(ids, targets)
+            log.in_backward = True
+            loss.backward()
+            log.in_backward = False
+            zero.finish()
+            after = _after_finish(zero, params)
+            zero.step()
+    buckets = [dict(numel=b.numel, padded=b.data.numel(), shard=b.shard_numel)
+               for b in zero.buckets]
+    return dict(params=[p.detach().clone() for p in params], calls=log.calls[start:],
+                peak_grad_bytes=log.peak_grad_bytes, after=after, buckets=buckets,
+                max_param_bytes=max(p.numel() for p in params) * 8)
+
+
+def _after_finish(zero, params) -> dict:
+    """What the rank still holds once finish() returned."""
+    return dict(param_grads=[tuple(p.shape) for p in params if p.grad is not None],
+                bucket_grads=[i for i, b in enumerate(zero.buckets)
+                              if getattr(b, "grad", None) is not None],
+                shard_grads=[memory.storage_bytes([b.param_shard.grad]) for b in zero.buckets])
+
+
+def _runs(cls, world_sizes, bucket_numel, timeout):
+    return {n: [c["value"] for c in grading.run(_train, cls, bucket_numel, STEPS,
+                                                world_size=n, timeout=timeout)]
+            for n in world_sizes}
+
+
+def check_parity(cls, world_sizes=(2, 4), bucket_numel=1000, *, timeout=None):
+    """After K steps every rank's parameters equal single-process AdamW on the full batch."""
+    want = reference()
+    names = [n for n, _ in new_model().named_parameters()]
+    for n, ranks in _runs(cls, world_sizes, bucket_numel, timeout).items():
+        for rank, run in enumerate(ranks):
+            for name, got, expected in zip(names, run["params"], want):
+                if not torch.allclose(got, expected, **TOL):
+                    raise AssertionError(
+                        f"{cls.__name__} with buckets of {bucket_numel} elements on {n} "
+                        f"ranks: after {STEPS} steps, rank {rank}'s {name} differs from "
+                        f"AdamW in one process by up to {(got - expected).abs().max():.3g}. "
+                        "Each rank must step its shard of every bucket with the MEAN over "
+                        "ranks of that shard's gradient (reduce-scatter sums: divide by "
+                        "world_size), and all-gather the parameters after the step.")
+
+
+def check_reduce_scatter(cls, world_sizes=(2, 4), bucket_numel=1000, *, timeout=None):
+    """Per step and rank: one reduce-scatter per bucket, of the padded bucket, nothing else."""
+    for n, ranks in _runs(cls, world_sizes, bucket_numel, timeout).items():
+        for rank, run in enumerate(ranks):
+            grads = [c for c in run["calls"] if c["name"] != "all_gather_single"
+                     or c["in_backward"]]
+            names = sorted({c["name"] for c in grads})
+            if any(not name.startswith("reduce_scatter") for name in names):
+                raise AssertionError(
+                    f"rank {rank} of {n} used {', '.join(names)} for the gradients. ZeRO-2 "
+                    "reduce-scatters them: an all-reduce sends the same bytes but leaves every "
+                    "rank the whole mean gradient, which ZeRO-2 does not keep; use "
+                    "dist.reduce_scatter_single(shard, bucket_grad, async_op=True).")
+            _assert_one_per_bucket(grads, run["buckets"], rank, n)
+
+
+def _assert_one_per_bucket(calls, buckets, rank, n):
+    want = [(b["padded"], b["shard"]) for b in buckets]
+    got = [tuple(reversed(c["numel"])) for c in calls]   # (input, output)
+    if sorted(got) != sorted(want):
+        raise AssertionError(
+            f"rank {rank} of {n}: one step made {len(got)} reduce-scatter(s) of "
+            f"(input, output) elements {got}; expected one per bucket, {want}: the padded "
+            "bucket in, this rank's shard of it out. Each rank then sends (N-1)/N of the "
+            "padded parameter count per step, as the ZeRO paper counts.")
+
+
+def check_overlap(cls, world_sizes=(2,), bucket_numel=1000, *, timeout=None):
+    """Every bucket's reduce-scatter is issued during backward, asynchronously."""
+    for n, ranks in _runs(cls, world_sizes, bucket_numel, timeout).items():
+        for rank, run in enumerate(ranks):
+            grads = [c for c in run["calls"] if c["name"] != "all_gather_single"
+                     or c["in_backward"]]
+            late = [c["name"] for c in grads if not c["in_backward"]]
+            blocking = [c["name"] for c in grads if not c["async_op"]]
+            if late or blocking or len(grads) < len(run["buckets"]):
+                raise AssertionError(
+                    f"rank {rank} of {n}: of {len(run['buckets'])} buckets' gradient "
+                    f"collectives, {len(grads) - len(late)} were issued during backward, "
+                    f"{len(blocking)} of all were blocking. Issue each bucket's reduce-scatter "
+                    "from the gradient hook as soon as its last gradient arrives, with "
+                    "async_op=True, and wait for the works in finish(): then the network "
+                    "works while backward computes the earlier layers.")
+
+
+def check_memory(cls, world_sizes=(2,), bucket_numel=1000, *, timeout=None):
+    """Gradients are freed as they go: a bounded peak in backward, only shards after."""
+    for n, ranks in _runs(cls, world_sizes, bucket_numel, timeout).items():
+        for rank, run in enumerate(ranks):
+            after = run["after"]
+            if after["param_grads"] or after["bucket_grads"]:
+                raise AssertionError(
+                    f"rank {rank} of {n}: after finish(), {len(after['param_grads'])} "
+                    f"parameters still hold a .grad and buckets {after['bucket_grads']} "
+                    "their full gradient buffer. ZeRO-2 keeps only this rank's shard: set "
+                    "param.grad = None once it is copied into its bucket, and bucket.grad = "
+                    "None once its reduce-scatter has finished.")
+            shards = [8 * b["shard"] for b in run["buckets"]]
+            if after["shard_grads"] != shards:
+                raise AssertionError(
+                    f"rank {rank} of {n}: after finish(), the gradient shards hold "
+                    f"{after['shard_grads']} bytes (their whole storage, counted by "
+                    f"memory.storage_bytes); expected {shards}: bucket.param_shard.grad "
+                    "must be a tensor of its own, the mean of this rank's shard only (a "
+                    "view into the full bucket keeps the whole bucket alive).")
+            bound = 8 * max(b["padded"] for b in run["buckets"]) + run["max_param_bytes"]
+            if run["peak_grad_bytes"] > bound:
+                raise AssertionError(
+                    f"rank {rank} of {n}: during backward the parameters' .grad held up to "
+                    f"{run['peak_grad_bytes']:,} bytes, more than one bucket and one "
+                    f"parameter ({bound:,} bytes): free each .grad in the hook, as soon as "
+                    "it is copied into its bucket, not at the end of backward.")
