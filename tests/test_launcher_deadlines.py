@@ -22,8 +22,8 @@ def collective_timeouts() -> list[float]:
     import torch.distributed as dist
 
     groups = [dist.group.WORLD, dist.new_group(list(range(dist.get_world_size())))]
-    return [g._get_backend(torch.device("cpu")).options._timeout.total_seconds()
-            for g in groups]
+    device = torch.device(ls.device().type)  # the backend of this device: gloo or NCCL
+    return [g._get_backend(device).options._timeout.total_seconds() for g in groups]
 
 
 @pytest.fixture
