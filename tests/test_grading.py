@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import labsupport as ls
 from labsupport import p2p_log
+from labsupport.launch import limits
 from grading_rings import (
     all_reduce_inside, batched_reduce_scatter, chunk_reduce_scatter, direct_all_gather,
     endless, exchange, not_written_yet, raises_on_rank_1, rank0_silent_all_gather,
@@ -163,10 +164,10 @@ def test_bad_arguments_say_what_to_pass(kwargs, error, match):
 
 def test_the_deadline_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("LABSUPPORT_GRADING_TIMEOUT", "7.5")
-    assert ls.grading._timeout_from_env() == 7.5
+    assert limits.grading_timeout() == 7.5
     monkeypatch.setenv("LABSUPPORT_GRADING_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="LABSUPPORT_GRADING_TIMEOUT='soon'"):
-        ls.grading._timeout_from_env()
+        limits.grading_timeout()
 
 
 def test_chunk_bounds_and_names_follow_tensor_split():
