@@ -1,0 +1,196 @@
+"""Hybrid parallelism on a 2-D (dp, tp) grid of ranks, chapter 8.
+
+    tp_group, dp_group = grid_groups(dp=2, tp=2)     # on every rank
+    model = TensorParallelGPT(models.GPT(cfg, seed=0), tp_group)
+    loss = hybrid_step(model, opt, ids, targets, dp_group)
+    with record_calls() as log: ...                  # every collective and its group
+
+Rank r sits at (dp_rank, tp_rank) = (r // tp, r % tp): the rows of the grid
+are the tp groups (consecutive ranks, on one node in practice), the columns
+the dp groups. Tensor parallelism runs inside a row (Shoeybi et al.,
+"Megatron-LM", arXiv 1909.08053, Section 3), gradient averaging across a
+column; Narayanan et al., "Efficient Large-Scale Language Model Training on
+GPU Clusters Using Megatron-LM" (arXiv 2104.04473), Section 3.3, give the
+rule this layout follows: tensor parallelism within a node, data parallelism
+across. The code between the lesson markers is the notebook's, character for
+character (tests/test_mesh.py).
+"""
+import contextlib
+import logging
+
+import torch
+import torch.distributed as dist
+
+from labsupport import models
+from labsupport._patch import current, patched
+from labsupport.tensor_parallel import TensorParallelGPT, parallelize_dtensor
+
+
+# --- lesson: the chapter's code, copied from notebooks/08_device_mesh.ipynb ---
+def grid_coords(rank, tp):
+    """(dp_rank, tp_rank) of ``rank``: rows of ``tp`` consecutive ranks."""
+    return rank // tp, rank % tp
+
+
+def grid_ranks(dp, tp):
+    """The ranks of every tp group (the rows) and every dp group (the columns)."""
+    rows = [list(range(i * tp, (i + 1) * tp)) for i in range(dp)]
+    columns = [list(range(j, dp * tp, tp)) for j in range(tp)]
+    return rows, columns
+
+
+def grid_groups(dp, tp):
+    """This rank's (tp_group, dp_group); every rank makes every group, in order."""
+    if dist.get_world_size() != dp * tp:
+        raise ValueError(f"a {dp} x {tp} grid needs {dp * tp} ranks, "
+                         f"not {dist.get_world_size()}: start that many")
+    rows, columns = grid_ranks(dp, tp)
+    tp_groups = [dist.new_group(ranks) for ranks in rows]
+    dp_groups = [dist.new_group(ranks) for ranks in columns]
+    dp_rank, tp_rank = grid_coords(dist.get_rank(), tp)
+    return tp_groups[dp_rank], dp_groups[tp_rank]
+
+
+def average_grads(model, dp_group):
+    """Every gradient averaged over ``dp_group`` (each rank saw 1/dp of the batch)."""
+    dp = dist.get_world_size(dp_group)
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=dp_group)
+            p.grad /= dp
+
+
+def hybrid_step(model, opt, ids, targets, dp_group):
+    """One step on this rank's 1/dp of the global batch; returns its loss."""
+    dp, dp_rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
+    ids, targets = ids.chunk(dp)[dp_rank], targets.chunk(dp)[dp_rank]
+    opt.zero_grad()
+    loss = model(ids, targets)                     # TP collectives: tp_group
+    loss.backward()
+    average_grads(model, dp_group)                 # DP collectives: dp_group
+    opt.step()
+    return loss.detach()
+# --- end of lesson ---
+
+
+_COLLECTIVES = ("all_reduce", "all_gather_single", "reduce_scatter_single",
+                "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
+                "all_gather", "reduce_scatter", "all_to_all_single")
+
+
+@contextlib.contextmanager
+def record_calls():
+    """Log every collective called through torch.distributed: dicts(op, ranks, nbytes).
+
+    ``ranks`` are the global ranks of the call's group; ``nbytes`` its payload
+    S, the largest tensor argument (the full tensor of an all-gather or a
+    reduce-scatter, as ``labsupport.tp_probe``). Collectives DTensor and FSDP2
+    issue through the functional API are not seen here.
+    """
+    log = []
+
+    def wrap(name, fn):
+        def logged(*args, **kwargs):
+            group = kwargs.get("group")
+            ranks = dist.get_process_group_ranks(dist.group.WORLD if group is None else group)
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            nbytes = max((t.numel() * t.element_size() for t in tensors), default=0)
+            log.append(dict(op=name, ranks=tuple(ranks), nbytes=nbytes))
+            return fn(*args, **kwargs)
+        return logged
+    with patched({n: wrap(n, current(n)) for n in _COLLECTIVES if hasattr(dist, n)}):
+        yield log
+
+
+def bytes_by_group(log) -> dict:
+    """{ranks: payload bytes} summed over the calls of ``record_calls``'s log."""
+    out = {}
+    for call in log:
+        out[call["ranks"]] = out.get(call["ranks"], 0) + call["nbytes"]
+    return out
+
+
+def reference_params(cfg, batches, lr) -> dict:
+    """Parameters of one process's ``models.GPT`` after SGD on each full batch."""
+    model = models.GPT(cfg, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for ids, targets in batches:
+        opt.zero_grad()
+        model(ids, targets).backward()
+        opt.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def train_grid(cfg, batches, lr, dp, tp, log=False):
+    """K hybrid steps on a hand-made (dp, tp) grid; this rank's parameters (and log)."""
+    tp_group, dp_group = grid_groups(dp, tp)
+    model = TensorParallelGPT(models.GPT(cfg, seed=0), tp_group)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    with record_calls() as calls:
+        for ids, targets in batches:
+            hybrid_step(model, opt, ids, targets, dp_group)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return (params, calls) if log else params
+
+
+def train_device_mesh(cfg, batches, lr, dp, tp):
+    """K steps with init_device_mesh, parallelize_module on "tp", fully_shard on "dp".
+
+    Returns the full parameters (``DTensor.full_tensor``), the same on every rank.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    # DTensor warns that gathering a (dp, tp)-sharded parameter takes two all-gathers
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    model = parallelize_dtensor(models.GPT(cfg, seed=0), mesh["tp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    dp_rank = mesh["dp"].get_local_rank()
+    for ids, targets in batches:
+        opt.zero_grad()
+        model(ids.chunk(dp)[dp_rank], targets.chunk(dp)[dp_rank]).backward()
+        opt.step()
+    return {n: p.full_tensor().detach() for n, p in model.named_parameters()}
+
+
+# -- the checks behind the chapter's your-turn cells ----------------------------------
+
+def check_grid_coords(fn):
+    """``fn(rank, tp)`` against (rank // tp, rank % tp) on several grids (any rank runs it)."""
+    for dp, tp in ((2, 2), (4, 2), (2, 4), (3, 1), (1, 3)):
+        for rank in range(dp * tp):
+            got, want = tuple(fn(rank, tp)), grid_coords(rank, tp)
+            if got != want:
+                raise AssertionError(
+                    f"grid {dp} x {tp}: rank {rank} -> {got}, expected (dp_rank, tp_rank) = "
+                    f"{want}: the tp groups are rows of {tp} consecutive ranks")
+
+
+def _grad_cases(rank):
+    """A Linear whose weight gradient on ``rank`` is the constant rank + 1."""
+    layer = torch.nn.Linear(2, 2, bias=False)
+    layer.weight.grad = torch.full((2, 2), float(rank + 1))
+    return layer
+
+
+def check_average_grads(fn, dp=2, tp=2):
+    """``fn(model, dp_group)`` on a (dp, tp) grid: each gradient the mean over its column."""
+    tp_group, dp_group = grid_groups(dp, tp)
+    rank = dist.get_rank()
+    layer = _grad_cases(rank)
+    fn(layer, dp_group)
+    got = layer.weight.grad[0, 0].item()
+    column = grid_ranks(dp, tp)[1][rank % tp]
+    want = sum(r + 1 for r in column) / dp
+    world = sum(r + 1 for r in range(dp * tp)) / (dp * tp)
+    hints = {sum(r + 1 for r in column): "summed but not divided by the dp size",
+             world: "averaged over the whole world, not the dp group",
+             sum(r + 1 for r in grid_ranks(dp, tp)[0][rank // tp]) / tp:
+             "averaged over the tp group: TP ranks hold different shards"}
+    if abs(got - want) > 1e-6:
+        why = hints.get(got, "expected the mean over the dp group")
+        raise AssertionError(f"rank {rank}: gradient {got:g}, expected {want:g} "
+                             f"(mean over ranks {column}): {why}")
+    if not torch.equal(layer.weight.grad, torch.full((2, 2), want)):
+        raise AssertionError(f"rank {rank}: the gradient is not the same everywhere")
