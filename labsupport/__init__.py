@@ -23,8 +23,9 @@ __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "current", "devi
 # ``import labsupport`` stays light (it does not import torch by itself).
 _SUBMODULES = {"bench", "bubbles", "chapter_checks", "checkpointing", "ddp", "ddp_probe",
                "diagrams", "doctor", "grading", "memory", "memory_calc", "mesh", "models",
-               "pipeline", "pipeline_sim", "plots", "profiling", "ring", "ring_attention",
-               "sweep", "tensor_parallel", "timeline", "tp_probe", "traffic", "your_turn"}
+               "planner", "pipeline", "pipeline_sim", "plots", "profiling", "ring",
+               "ring_attention", "sweep", "tensor_parallel", "timeline", "tp_probe", "traffic",
+               "your_turn"}
 
 
 def __getattr__(name):

@@ -23,6 +23,9 @@ import torch.distributed as dist
 
 from labsupport import models
 from labsupport._patch import current, patched
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
 from labsupport.tensor_parallel import TensorParallelGPT, parallelize_dtensor
 
 
@@ -70,6 +73,25 @@ def hybrid_step(model, opt, ids, targets, dp_group):
     average_grads(model, dp_group)                 # DP collectives: dp_group
     opt.step()
     return loss.detach()
+
+
+def train_device_mesh(cfg, batches, lr, dp, tp):
+    """K steps with init_device_mesh, parallelize_module on "tp", fully_shard on "dp".
+
+    Returns the full parameters (``DTensor.full_tensor``), the same on every rank.
+    """
+    # DTensor warns that gathering a (dp, tp)-sharded parameter takes two all-gathers
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    model = parallelize_dtensor(models.GPT(cfg, seed=0), mesh["tp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    dp_rank = mesh["dp"].get_local_rank()
+    for ids, targets in batches:
+        opt.zero_grad()
+        model(ids.chunk(dp)[dp_rank], targets.chunk(dp)[dp_rank]).backward()
+        opt.step()
+    return {n: p.full_tensor().detach() for n, p in model.named_parameters()}
 # --- end of lesson ---
 
 
@@ -131,27 +153,6 @@ def train_grid(cfg, batches, lr, dp, tp, log=False):
             hybrid_step(model, opt, ids, targets, dp_group)
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return (params, calls) if log else params
-
-
-def train_device_mesh(cfg, batches, lr, dp, tp):
-    """K steps with init_device_mesh, parallelize_module on "tp", fully_shard on "dp".
-
-    Returns the full parameters (``DTensor.full_tensor``), the same on every rank.
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    # DTensor warns that gathering a (dp, tp)-sharded parameter takes two all-gathers
-    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-    model = parallelize_dtensor(models.GPT(cfg, seed=0), mesh["tp"])
-    fully_shard(model, mesh=mesh["dp"])
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    dp_rank = mesh["dp"].get_local_rank()
-    for ids, targets in batches:
-        opt.zero_grad()
-        model(ids.chunk(dp)[dp_rank], targets.chunk(dp)[dp_rank]).backward()
-        opt.step()
-    return {n: p.full_tensor().detach() for n, p in model.named_parameters()}
 
 
 # -- the checks behind the chapter's your-turn cells ----------------------------------
