@@ -102,7 +102,7 @@ _COLLECTIVES = ("all_reduce", "all_gather_single", "reduce_scatter_single",
 
 @contextlib.contextmanager
 def record_calls():
-    """Log every collective called through torch.distributed: dicts(op, ranks, nbytes).
+    """Log every collective called through torch.distributed: dicts(op, ranks, shape, nbytes).
 
     ``ranks`` are the global ranks of the call's group; ``nbytes`` its payload
     S, the largest tensor argument (the full tensor of an all-gather or a
@@ -116,8 +116,9 @@ def record_calls():
             group = kwargs.get("group")
             ranks = dist.get_process_group_ranks(dist.group.WORLD if group is None else group)
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            nbytes = max((t.numel() * t.element_size() for t in tensors), default=0)
-            log.append(dict(op=name, ranks=tuple(ranks), nbytes=nbytes))
+            big = max(tensors, key=lambda t: t.numel(), default=torch.empty(0))
+            log.append(dict(op=name, ranks=tuple(ranks), shape=tuple(big.shape),
+                            nbytes=big.numel() * big.element_size()))
             return fn(*args, **kwargs)
         return logged
     with patched({n: wrap(n, current(n)) for n in _COLLECTIVES if hasattr(dist, n)}):
