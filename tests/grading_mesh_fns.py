@@ -34,11 +34,17 @@ def swapped_groups(dp, tp):
     return dp_group, tp_group
 
 
-def own_groups_only(dp, tp):
-    """Deadlock: each rank makes only the groups it belongs to."""
-    rank = dist.get_rank()
-    row = list(range(rank // tp * tp, rank // tp * tp + tp))
-    return dist.new_group(row), dist.new_group(list(range(rank % tp, dp * tp, tp)))
+def root_only_step(model, x, y, lr, tp_group, dp_group):
+    """Deadlock: only dp rank 0 calls the all-reduce (as if it were a reduce to a root)."""
+    dp, dp_rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
+    x, y = x.chunk(dp)[dp_rank], y.chunk(dp)[dp_rank]
+    model.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            if dp_rank == 0:
+                dist.all_reduce(p.grad, group=dp_group)
+            p -= lr * p.grad / dp
 
 
 def world_average_step(model, x, y, lr, tp_group, dp_group):
