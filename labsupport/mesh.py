@@ -20,13 +20,16 @@ import logging
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
 
 from labsupport import models
 from labsupport._patch import current, patched
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from labsupport.tensor_parallel import TensorParallelGPT, parallelize_dtensor
+from labsupport.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
+                                        TensorParallelGPT, enter_tp, parallelize_dtensor)
 
 
 # --- lesson: the chapter's code, copied from notebooks/08_device_mesh.ipynb ---
@@ -154,6 +157,108 @@ def train_grid(cfg, batches, lr, dp, tp, log=False):
             hybrid_step(model, opt, ids, targets, dp_group)
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return (params, calls) if log else params
+
+
+class TPMLP(nn.Module):
+    """fc1 column-parallel, GELU, fc2 row-parallel, inside ``tp_group`` (Megatron's f ... g)."""
+
+    def __init__(self, mlp: nn.Sequential, tp_group):
+        super().__init__()
+        self.group = tp_group
+        self.fc1 = ColumnParallelLinear(mlp[0], tp_group)    # (h -> 4h/t)
+        self.act = mlp[1]
+        self.fc2 = RowParallelLinear(mlp[2], tp_group)       # (4h/t -> h), all-reduce
+
+    def forward(self, x):                                    # (b, s, h)
+        return self.fc2(self.act(self.fc1(enter_tp(x, self.group))))
+
+
+def cube_ranks(dp, pp, tp):
+    """{axis: its groups} of a dp x pp x tp grid, rank r at (r // (pp tp), r // tp % pp, r % tp)."""
+    coords = {r: (r // (pp * tp), r // tp % pp, r % tp) for r in range(dp * pp * tp)}
+    out = {}
+    for axis, name in enumerate(("dp", "pp", "tp")):
+        groups = {}
+        for r, c in coords.items():
+            groups.setdefault(c[:axis] + c[axis + 1:], []).append(r)
+        out[name] = sorted(groups.values())
+    return out
+
+
+def cube_groups(dp, pp, tp):
+    """{axis: this rank's group}; every rank makes every group of every axis, in order."""
+    rank, mine = dist.get_rank(), {}
+    for axis, groups in cube_ranks(dp, pp, tp).items():
+        for ranks in groups:
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine[axis] = group
+    return mine
+
+
+def mlp_stack(pp, hidden, seed=0):
+    """pp MLP blocks (h -> 4h -> h), one per pipeline stage: the 3-D step's model."""
+    with models.seeded(seed):
+        return [nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(approximate="tanh"),
+                              nn.Linear(4 * hidden, hidden)) for _ in range(pp)]
+
+
+def step_3d(stage, x, y, lr, groups, pp):
+    """One SGD step of a pp-stage pipeline (one micro-batch) of TPMLPs, grads averaged over dp.
+
+    The activation goes to the same (dp, tp) place of the next stage (rank + tp)
+    and its gradient comes back; Narayanan et al. 2021 (arXiv 2104.04473), §2.
+    """
+    rank, tp = dist.get_rank(), dist.get_world_size(groups["tp"])
+    dp, dp_rank = dist.get_world_size(groups["dp"]), dist.get_rank(groups["dp"])
+    s = dist.get_rank(groups["pp"])                               # this rank's stage
+    x, y = x.chunk(dp)[dp_rank], y.chunk(dp)[dp_rank]             # (b/dp, s, h)
+    stage.zero_grad()
+    inp = x if s == 0 else torch.empty_like(x)
+    if s > 0:
+        dist.recv(inp, rank - tp)
+        inp.requires_grad_()
+    out = stage(inp)
+    if s < pp - 1:
+        dist.send(out.detach(), rank + tp)
+        grad = torch.empty_like(out)
+        dist.recv(grad, rank + tp)
+        out.backward(grad)
+    else:
+        F.mse_loss(out, y).backward()
+    if s > 0:
+        dist.send(inp.grad, rank - tp)
+    with torch.no_grad():
+        for p in stage.parameters():
+            dist.all_reduce(p.grad, group=groups["dp"])
+            p -= lr * p.grad / dp
+
+
+def train_3d(dp, pp, tp, hidden, batches, lr):
+    """K 3-D steps; this rank's stage parameters (its TP shards of block ``stage``)."""
+    groups = cube_groups(dp, pp, tp)
+    stage = TPMLP(mlp_stack(pp, hidden)[dist.get_rank(groups["pp"])], groups["tp"])
+    for x, y in batches:
+        step_3d(stage, x, y, lr, groups, pp)
+    return {n: p.detach().clone() for n, p in stage.named_parameters()}
+
+
+def reference_3d(pp, hidden, batches, lr) -> list:
+    """One process: the pp blocks in a row, SGD on the full batches; each block's params."""
+    blocks = mlp_stack(pp, hidden)
+    params = [p for b in blocks for p in b.parameters()]
+    for x, y in batches:
+        for p in params:
+            p.grad = None
+        out = x
+        for b in blocks:
+            out = b(out)
+        F.mse_loss(out, y).backward()
+        with torch.no_grad():
+            for p in params:
+                p -= lr * p.grad
+    return [{"fc1.weight": b[0].weight, "fc1.bias": b[0].bias, "fc2.weight": b[2].weight,
+             "fc2.bias": b[2].bias} for b in blocks]
 
 
 # -- the checks behind the chapter's your-turn cells ----------------------------------

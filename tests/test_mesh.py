@@ -98,6 +98,15 @@ def test_bytes_per_group_match_the_formula(grid_run):
         assert by_group[tuple(column)] == STEPS * local
 
 
+def test_cube_ranks_one_group_per_axis_through_each_rank():
+    groups = mesh.cube_ranks(2, 2, 2)
+    assert groups == {"dp": [[0, 4], [1, 5], [2, 6], [3, 7]],
+                      "pp": [[0, 2], [1, 3], [4, 6], [5, 7]],
+                      "tp": [[0, 1], [2, 3], [4, 5], [6, 7]]}
+    assert mesh.cube_ranks(2, 1, 2) == {"dp": [[0, 2], [1, 3]], "pp": [[0], [1], [2], [3]],
+                                        "tp": [[0, 1], [2, 3]]}
+
+
 def test_a_wrong_grid_size_says_how_many_ranks(cluster):
     with pytest.raises(ls.RankError, match="a 3 x 2 grid needs 6 ranks"):
         cluster.run(mesh.grid_groups, 3, 2)
@@ -176,3 +185,25 @@ def test_the_notebook_shows_every_definition_of_the_package():
 @pytest.mark.parametrize("name", sorted(_package_lesson()))
 def test_the_notebook_copy_is_identical(name):
     assert _notebook_lesson()[name] == _package_lesson()[name]
+
+
+# -- last: 8 ranks, a new group of processes (the 4-rank cluster above ends) ----------
+
+def _mlp_data():
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(4, 3, 8, generator=g), torch.randn(4, 3, 8, generator=g))
+            for _ in range(STEPS)]
+
+
+@pytest.mark.parametrize("dp, pp, tp", [(1, 2, 2), (2, 2, 2)])
+def test_the_3d_step_equals_one_process(dp, pp, tp):
+    batches = _mlp_data()
+    ref = mesh.reference_3d(pp, 8, batches, LR)
+    split = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1}
+    runs = ls.run(mesh.train_3d, dp, pp, tp, 8, batches, LR, world_size=dp * pp * tp)
+    for rank, params in enumerate(runs):
+        stage, tp_rank = rank // tp % pp, rank % tp
+        for name, got in params.items():
+            want = ref[stage][name]
+            want = want.chunk(tp, split[name])[tp_rank] if name in split else want
+            torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"rank {rank} {name}: {m}")
