@@ -70,9 +70,9 @@ def plan(model, seq, global_batch, devices, device_bytes, gpus_per_node, intra_b
          inter_bw, micro=1, precision="mixed", checkpointing="selective") -> list:
     """The layouts that fit in ``device_bytes``, fastest communication first.
 
-    Each row: layout, memory (dict), traffic (bytes per dimension), comm_s
-    (traffic over the bandwidth of the link each dimension uses, summed, no
-    overlap), tp_across_nodes.
+    Each row: layout, memory (dict), traffic (bytes per dimension), seconds
+    (each dimension's traffic over the bandwidth of the link it uses), comm_s
+    (their sum: no overlap), tp_across_nodes.
     """
     if devices < 1 or global_batch < 1 or micro < 1:
         raise ValueError("devices, global_batch and micro must be >= 1")
@@ -87,7 +87,7 @@ def plan(model, seq, global_batch, devices, device_bytes, gpus_per_node, intra_b
             continue
         sent = traffic(model, seq, global_batch, micro, layout, precision)
         inside = placement(layout, gpus_per_node)
-        comm_s = sum(b / (intra_bw if inside[d] else inter_bw) for d, b in sent.items())
-        rows.append(dict(layout=layout, memory=mem, traffic=sent, comm_s=comm_s,
-                         tp_across_nodes=not inside["tp"]))
+        seconds = {d: b / (intra_bw if inside[d] else inter_bw) for d, b in sent.items()}
+        rows.append(dict(layout=layout, memory=mem, traffic=sent, seconds=seconds,
+                         comm_s=sum(seconds.values()), tp_across_nodes=not inside["tp"]))
     return sorted(rows, key=lambda r: r["comm_s"])

@@ -43,3 +43,10 @@ def test_nothing_fits_in_a_tiny_device_and_bad_input_is_refused():
     assert planner.plan(M, **(KW | dict(device_bytes=1e6))) == []
     with pytest.raises(ValueError, match="must be >= 1"):
         planner.plan(M, **(KW | dict(devices=0)))
+
+
+def test_seconds_are_each_axis_bytes_over_its_links_bandwidth():
+    row = next(r for r in planner.plan(M, **KW) if r["layout"] == (8, 8, 1, 1))
+    assert row["seconds"]["tp"] == pytest.approx(row["traffic"]["tp"] / KW["intra_bw"])
+    assert row["seconds"]["dp"] == pytest.approx(row["traffic"]["dp"] / KW["inter_bw"])
+    assert row["comm_s"] == pytest.approx(sum(row["seconds"].values()))
