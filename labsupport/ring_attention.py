@@ -13,11 +13,8 @@ functions take the true length ``seq_len`` and never let a query see a padded
 key, so the outputs and gradients of the real positions are exact and those of
 the padded positions are thrown away by ``unshard``.
 
-The functions between the two marker lines are the lesson: chapter 6
-(notebooks/06_context_parallel.ipynb) shows them in full, and
-tests/test_ring_attention.py checks that its cells and this file hold the same
-code. The grader of assignment 6 and ``python -m labsupport.bench
-ring_attention`` import them from here.
+The code between the marker lines is chapter 6's, character for character
+(tests/test_ring_attention.py); assignment 6's grader and its benchmark use it.
 """
 import contextlib
 import math

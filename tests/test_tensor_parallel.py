@@ -22,7 +22,7 @@ import torch.distributed as dist
 import labsupport as ls
 from labsupport import models
 from labsupport import tensor_parallel as tp
-from labsupport import tp_probe
+from labsupport import tp_gpt, tp_probe
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "04_tensor_parallel.ipynb"
 LESSON_TAG = "tp-lesson"
@@ -53,12 +53,12 @@ def reference():
 
 
 def _tp_grads(sp, group=None):
-    model = tp.TensorParallelGPT(models.GPT(CFG, seed=0), group, sequence_parallel=sp)
+    model = tp_gpt.TensorParallelGPT(models.GPT(CFG, seed=0), group, sequence_parallel=sp)
     ids, targets = data()
     logits = model(ids).detach()
     loss = model(ids, targets)
     loss.backward()
-    tp.allreduce_sequence_parallel_grads(model)
+    tp_gpt.allreduce_sequence_parallel_grads(model)
     return logits, loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
@@ -86,7 +86,7 @@ def _shards(got, full, rank, n, sp):
 
 
 def _shard_like(sp):
-    model = tp.TensorParallelGPT(models.GPT(CFG, seed=0), sequence_parallel=sp)
+    model = tp_gpt.TensorParallelGPT(models.GPT(CFG, seed=0), sequence_parallel=sp)
     full = dict(models.GPT(CFG, seed=0).named_parameters())
     want = tp_probe.shard_like(model, full, dist.get_rank(), dist.get_world_size())
     return all(torch.equal(p, want[n]) for n, p in model.named_parameters())
@@ -97,11 +97,11 @@ def test_shard_like_gives_each_rank_its_parameters(cluster):
 
 
 def _train(sp, steps=STEPS):
-    model = tp.TensorParallelGPT(models.GPT(CFG, seed=0), sequence_parallel=sp)
+    model = tp_gpt.TensorParallelGPT(models.GPT(CFG, seed=0), sequence_parallel=sp)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(steps):
         model(*data(step)).backward()
-        tp.allreduce_sequence_parallel_grads(model)
+        tp_gpt.allreduce_sequence_parallel_grads(model)
         optimizer.step()
         optimizer.zero_grad()
     full = _train_reference(steps)
@@ -131,11 +131,11 @@ def _dtensor_vs_hand(sp):
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     theirs = tp.parallelize_dtensor(models.GPT(CFG, seed=0), mesh, sp)
-    ours = tp.TensorParallelGPT(models.GPT(CFG, seed=0), sequence_parallel=sp)
+    ours = tp_gpt.TensorParallelGPT(models.GPT(CFG, seed=0), sequence_parallel=sp)
     loss_theirs, loss_ours = theirs(*data()), ours(*data())
     loss_theirs.backward()
     loss_ours.backward()
-    tp.allreduce_sequence_parallel_grads(ours)
+    tp_gpt.allreduce_sequence_parallel_grads(ours)
     torch.testing.assert_close(loss_theirs, loss_ours, **TOL)
     mine = dict(ours.named_parameters())
     for name, p in theirs.named_parameters():
@@ -150,7 +150,7 @@ def test_dtensor_parallelize_module_gives_the_same_loss_and_gradients(cluster, s
 
 
 def _counts(sp):
-    model = tp.TensorParallelGPT(models.GPT(CFG, seed=0), sequence_parallel=sp)
+    model = tp_gpt.TensorParallelGPT(models.GPT(CFG, seed=0), sequence_parallel=sp)
     with tp_probe.record() as log:
         model.blocks[0](torch.randn(BATCH, CFG.seq_len // (dist.get_world_size() if sp else 1),
                                     CFG.hidden)).sum().backward()
@@ -199,7 +199,7 @@ def test_sizes_that_t_does_not_divide_are_refused(cluster, cfg, sp, match):
     if cluster.world_size != 2:
         pytest.skip("one world size is enough")
     with pytest.raises(ls.RankError, match=match):
-        cluster.run(lambda: tp.TensorParallelGPT(models.GPT(cfg), sequence_parallel=sp))
+        cluster.run(lambda: tp_gpt.TensorParallelGPT(models.GPT(cfg), sequence_parallel=sp))
 
 
 # -- the notebook's copy of the lesson is the package's ---------------------------

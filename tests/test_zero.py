@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import labsupport as ls
-from labsupport import models, zero
+from labsupport import models, sharded_optimizer, zero
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "07_zero_fsdp.ipynb"
 MARKER = "# Kept equal to labsupport.zero"
@@ -87,7 +87,7 @@ def train(name, version):
         flat = zero.FlatParams(model.parameters())
         optimizer = torch.optim.AdamW([flat.shard(flat.data)], **ADAMW)
     else:
-        optimizer = zero.ShardedOptimizer(model.parameters(), torch.optim.AdamW, **ADAMW)
+        optimizer = sharded_optimizer.ShardedOptimizer(model.parameters(), torch.optim.AdamW, **ADAMW)
     for step in range(STEPS):
         if version == "zero1_2":
             flat.alloc_grads()
@@ -131,7 +131,7 @@ def _against_zero_redundancy_optimizer():
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
     ours, theirs = make("gpt_tied"), DistributedDataParallel(make("gpt_tied"))
-    opt_ours = zero.ShardedOptimizer(ours.parameters(), torch.optim.AdamW, **ADAMW)
+    opt_ours = sharded_optimizer.ShardedOptimizer(ours.parameters(), torch.optim.AdamW, **ADAMW)
     opt_theirs = ZeroRedundancyOptimizer(theirs.parameters(), torch.optim.AdamW, **ADAMW)
     for step in range(STEPS):
         for model, opt in ((ours, opt_ours), (theirs, opt_theirs)):
@@ -151,7 +151,7 @@ def _groups_and_memory():
     model = make("gpt_untied")
     blocks = list(model.blocks.parameters())
     rest = [p for p in model.parameters() if all(p is not b for b in blocks)]
-    opt = zero.ShardedOptimizer([{"params": rest}], torch.optim.AdamW, lr=1e-2)
+    opt = sharded_optimizer.ShardedOptimizer([{"params": rest}], torch.optim.AdamW, lr=1e-2)
     opt.add_param_group({"params": blocks, "lr": 1e-3})
     opt.param_groups[1]["lr"] = 2e-3           # as a scheduler would
     ref_model = make("gpt_untied")
@@ -184,13 +184,13 @@ def _errors():
     model = make("gpt_tied")
     found = {}
     cases = {
-        "optimizer_cls": lambda: zero.ShardedOptimizer(model.parameters(), "adam"),
-        "frozen": lambda: zero.ShardedOptimizer([torch.zeros(3)], torch.optim.AdamW),
-        "empty": lambda: zero.ShardedOptimizer([], torch.optim.AdamW),
+        "optimizer_cls": lambda: sharded_optimizer.ShardedOptimizer(model.parameters(), "adam"),
+        "frozen": lambda: sharded_optimizer.ShardedOptimizer([torch.zeros(3)], torch.optim.AdamW),
+        "empty": lambda: sharded_optimizer.ShardedOptimizer([], torch.optim.AdamW),
         "mixed dtypes": lambda: zero.FlatParams([torch.zeros(2, requires_grad=True),
                                                  torch.zeros(2, dtype=torch.float64,
                                                              requires_grad=True)]),
-        "two groups": lambda: zero.ShardedOptimizer(
+        "two groups": lambda: sharded_optimizer.ShardedOptimizer(
             [{"params": [model.pos.weight]}, {"params": [model.pos.weight]}],
             torch.optim.AdamW),
         "overlapping units": lambda: zero.Zero3(make("gpt_tied"),
@@ -208,7 +208,7 @@ def _errors():
             found[name] = "no error"
         except (ValueError, NotImplementedError) as err:
             found[name] = str(err)
-    opt = zero.ShardedOptimizer(model.parameters(), torch.optim.AdamW)
+    opt = sharded_optimizer.ShardedOptimizer(model.parameters(), torch.optim.AdamW)
     for name, case in {"closure": lambda: opt.step(lambda: 0.0),
                        "no grad": opt.step, "state_dict": opt.state_dict}.items():
         try:

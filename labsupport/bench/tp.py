@@ -3,7 +3,7 @@
     python -m labsupport.bench tp [--world-sizes 2 4] [--rounds 5] [--steps 10]
 
 One training step (forward, backward, SGD) of the shared ``models.GPT``,
-split by ``labsupport.tensor_parallel.TensorParallelGPT`` (ours) and by
+split by ``labsupport.tp_gpt.TensorParallelGPT`` (ours) and by
 DTensor's ``parallelize_module`` with the same plan, for TP and TP+SP. A
 round times ``--steps`` steps of each version in turn (after one warm-up
 step), so all versions see the same machine load; a round's step time is the
@@ -22,9 +22,9 @@ def _model(name, sp, cfg):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from labsupport import models, tensor_parallel
+    from labsupport import models, tensor_parallel, tp_gpt
     if name == "ours":
-        return tensor_parallel.TensorParallelGPT(models.GPT(cfg, seed=0), sequence_parallel=sp)
+        return tp_gpt.TensorParallelGPT(models.GPT(cfg, seed=0), sequence_parallel=sp)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     return tensor_parallel.parallelize_dtensor(models.GPT(cfg, seed=0), mesh, sp)
 
