@@ -2,8 +2,7 @@
 
     tp_group, dp_group = grid_groups(dp=2, tp=2)     # on every rank
     model = TensorParallelGPT(models.GPT(cfg, seed=0), tp_group)
-    loss = hybrid_step(model, opt, ids, targets, dp_group)
-    with record_calls() as log: ...                  # every collective and its group
+    loss = hybrid_step(model, opt, ids, targets, dp_group)  # record_calls(): collectives
 
 Rank r sits at (dp_rank, tp_rank) = (r // tp, r % tp): the rows of the grid
 are the tp groups (consecutive ranks, on one node in practice), the columns
