@@ -10,23 +10,15 @@ submissions whose scores, per test cell and in the exported CSV, are known.
 """
 import csv
 import inspect
-import os
-import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import nbformat
 import pytest
 
 import grading_xent_cases as cases
 import labsupport.grading.xent as gx
+from nbgrader_run import autograde, errors, scores
 
-ROOT = Path(__file__).resolve().parent.parent
 ASSIGNMENT = "vocab_parallel_xent"
-SOURCE = ROOT / "notebooks" / "assignments" / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
-DEADLINE = 4  # s, LABSUPPORT_GRADING_TIMEOUT of the autograde run below
 SHORT = 3.0   # s, deadline of the unit test that deadlocks on purpose
 
 
@@ -99,9 +91,12 @@ def pasted(cls) -> str:
     return source.replace(first, "class VocabParallelCrossEntropy(torch.autograd.Function):", 1)
 
 
-SUBMISSIONS = {"reference": None, "untouched": "stub", "no_max": cases.NoMax,
-               "gathered": cases.Gathered, "wrong_target": cases.WrongTarget,
-               "deadlock": cases.Deadlock}
+XENT = "vocab_parallel_xent"  # grade_id of the solution cell
+SUBMISSIONS = {"reference": {}, "untouched": None,
+               "no_max": {XENT: pasted(cases.NoMax)},
+               "gathered": {XENT: pasted(cases.Gathered)},
+               "wrong_target": {XENT: pasted(cases.WrongTarget)},
+               "deadlock": {XENT: pasted(cases.Deadlock)}}
 CELLS = {"test_forward": 3, "test_forward_large_logits": 2, "test_backward": 3,
          "test_no_gather": 2}
 FAILED = {  # submission -> the test cells that score zero, and what their message says
@@ -114,49 +109,9 @@ FAILED = {  # submission -> the test cells that score zero, and what their messa
 }
 
 
-def nbgrader(*args, course: Path, timeout=300, env=None):
-    """One nbgrader command, run from the repository root so that it reads nbgrader_config.py."""
-    cmd = [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={course}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, \
-        f"nbgrader {' '.join(args)} failed:\n{proc.stdout[-3000:]}{proc.stderr[-5000:]}"
-    return proc
-
-
-def submission(release: Path, source_nb, choice):
-    nb = nbformat.read(release, as_version=4)
-    reference = {c.metadata["nbgrader"]["grade_id"]: c.source for c in source_nb.cells}
-    for c in nb.cells:
-        if c.metadata.get("nbgrader", {}).get("grade_id") != "vocab_parallel_xent":
-            continue
-        if choice is None:
-            c.source = reference["vocab_parallel_xent"]
-        elif choice != "stub":
-            c.source = pasted(choice)
-    return nb
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    course = tmp_path_factory.mktemp("course")
-    shutil.copytree(SOURCE.parent, course / "source" / ASSIGNMENT)
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               LABSUPPORT_GRADING_TIMEOUT=str(DEADLINE),
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    nbgrader("generate_assignment", ASSIGNMENT, "--force", course=course, env=env)
-    release = course / "release" / ASSIGNMENT / SOURCE.name
-    source_nb = nbformat.read(SOURCE, as_version=4)
-    for student, choice in SUBMISSIONS.items():
-        folder = course / "submitted" / student / ASSIGNMENT
-        folder.mkdir(parents=True)
-        nbformat.write(submission(release, source_nb, choice), folder / SOURCE.name)
-    t0 = time.monotonic()
-    nbgrader("autograde", ASSIGNMENT, "--force", course=course, env=env, timeout=600)
-    print(f"nbgrader autograde of {len(SUBMISSIONS)} submissions took "
-          f"{time.monotonic() - t0:.1f} s")
-    nbgrader("export", f"--to={course / 'grades.csv'}", course=course, env=env)
-    return dict(course=course, env=env, release=release)
+    return autograde(ASSIGNMENT, SUBMISSIONS, tmp_path_factory.mktemp("course"))
 
 
 @pytest.mark.slow
@@ -179,17 +134,9 @@ def test_exported_grades_are_the_expected_totals(graded):
 @pytest.mark.slow
 @pytest.mark.parametrize("student", SUBMISSIONS)
 def test_each_test_cell_scores_as_expected_with_a_helpful_message(graded, student):
-    from nbgrader.api import Gradebook
-    os.environ["PATH"] = graded["env"]["PATH"]  # Gradebook runs `alembic` too
-    with Gradebook(f"sqlite:///{graded['course'] / 'gradebook.db'}") as gb:
-        scores = {name: gb.find_grade(name, ASSIGNMENT, ASSIGNMENT, student).score
-                  for name in CELLS}
-    assert scores == {name: 0 if name in FAILED[student] else points
-                      for name, points in CELLS.items()}
-    nb = nbformat.read(graded["course"] / "autograded" / student / ASSIGNMENT / SOURCE.name, 4)
-    errors = {c.id: "\n".join("\n".join(o.traceback) for o in c.outputs
-                              if o.output_type == "error")
-              for c in nb.cells if c.cell_type == "code"}
+    assert scores(graded, student, CELLS) == {
+        name: 0 if name in FAILED[student] else points for name, points in CELLS.items()}
+    errs = errors(graded, student)
     for name, message in FAILED[student].items():
         cell_id = name.replace("_", "-")
-        assert message in errors[cell_id], f"{name}:\n{errors[cell_id]}"
+        assert message in errs[cell_id], f"{name}:\n{errs[cell_id]}"
