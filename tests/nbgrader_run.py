@@ -4,9 +4,9 @@
     scores(graded, "reference")      # {test cell: points}
     errors(graded, "untouched")      # {cell id: the error text nbgrader recorded}
 
-A submission is a dict {grade_id of a solution cell: its source}; cells it
-does not name keep the reference's source; ``None`` is the untouched
-student version. Imports only what nbgrader needs; the ranks never import it.
+A submission is a dict {grade_id of a solution cell: its source, or a
+function that edits the reference's source}; cells it does not name keep the
+reference's source; ``None`` is the untouched student version. Imports only what nbgrader needs; the ranks never import it.
 """
 import os
 import shutil
@@ -45,6 +45,9 @@ def _submission(release: Path, source_nb, cells):
         gid = c.metadata.get("nbgrader", {}).get("grade_id")
         if c.metadata.get("nbgrader", {}).get("solution"):
             c.source = cells.get(gid, reference[gid])
+            if callable(c.source):  # an edit of the reference's source
+                c.source = c.source(reference[gid])
+                assert c.source != reference[gid], f"the {gid} edit changed nothing"
     return nb
 
 

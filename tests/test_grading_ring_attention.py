@@ -9,13 +9,7 @@ Layer 4 (slow): `nbgrader generate_assignment`, `autograde` and `export` on
 the assignment with five submissions whose scores per test cell are known.
 """
 import csv
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
-import nbformat
 import pytest
 
 import labsupport as ls
@@ -23,11 +17,9 @@ from grading_zigzag import (
     all_gather_attention, blocking_attention, contiguous_positions, contiguous_ring_attention,
     overlapping_positions, sends_q_too_attention, wrong_merge_attention, zigzag_positions,
     zigzag_ring_attention)
+from nbgrader_run import autograde, errors, scores
 
-ROOT = Path(__file__).resolve().parent.parent
 ASSIGNMENT = "zigzag_ring_attention"
-SOURCE = ROOT / "notebooks" / "assignments" / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
-DEADLINE = 4  # s, LABSUPPORT_GRADING_TIMEOUT of the autograde run below
 SHORT = 2.0  # s, deadline of the unit test that deadlocks on purpose
 g = ls.grading.ring_attention
 
@@ -121,14 +113,16 @@ SENDS = ("requests = [dist.isend(kv, (rank + 1) % world_size),\n"
          "                        dist.irecv(incoming, (rank - 1) % world_size)]")
 BLOCKING = ("dist.send(kv, (rank + 1) % world_size)\n"
             "            dist.recv(incoming, (rank - 1) % world_size)")
-# name -> (zigzag_positions cell, zigzag_ring_attention cell); None: the reference's,
-# "stub": the untouched student version's; a function: applied to the reference's.
+# name -> {grade_id: that cell's source, or a function applied to the reference's};
+# a cell not named keeps the reference's; None: the untouched student version.
 SUBMISSIONS = {
-    "reference": (None, None),
-    "untouched": ("stub", "stub"),
-    "contiguous": (CONTIGUOUS_POSITIONS, CONTIGUOUS_ATTENTION),
-    "wrong_merge": (None, lambda src: AVERAGE + src.replace("lse_merge(", "average_merge(")),
-    "deadlock": (None, lambda src: src.replace(SENDS, BLOCKING)),
+    "reference": {},
+    "untouched": None,
+    "contiguous": {"zigzag_positions": CONTIGUOUS_POSITIONS,
+                   "zigzag_ring_attention": CONTIGUOUS_ATTENTION},
+    "wrong_merge": {"zigzag_ring_attention":
+                    lambda src: AVERAGE + src.replace("lse_merge(", "average_merge(")},
+    "deadlock": {"zigzag_ring_attention": lambda src: src.replace(SENDS, BLOCKING)},
 }
 CELLS = {"test_positions": 1, "test_output_2": 2, "test_output_4": 3, "test_traffic": 2,
          "test_balance": 2}
@@ -142,49 +136,9 @@ FAILED = {  # submission -> the test cells that score zero, and what their messa
 }
 
 
-def nbgrader(*args, course: Path, timeout=300, env=None):
-    cmd = [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={course}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, \
-        f"nbgrader {' '.join(args)} failed:\n{proc.stdout[-3000:]}{proc.stderr[-5000:]}"
-    return proc
-
-
-def submission(release: Path, source_nb, positions, attention):
-    nb = nbformat.read(release, as_version=4)
-    reference = {c.metadata["nbgrader"]["grade_id"]: c.source for c in source_nb.cells}
-    for c in nb.cells:
-        gid = c.metadata.get("nbgrader", {}).get("grade_id")
-        choice = {"zigzag_positions": positions, "zigzag_ring_attention": attention}.get(
-            gid, "stub")
-        if choice is None:
-            c.source = reference[gid]
-        elif callable(choice):
-            c.source = choice(reference[gid])
-            assert c.source != reference[gid], f"the {gid} edit changed nothing"
-        elif choice != "stub":
-            c.source = choice
-    return nb
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    course = tmp_path_factory.mktemp("course")
-    shutil.copytree(SOURCE.parent, course / "source" / ASSIGNMENT)
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               LABSUPPORT_GRADING_TIMEOUT=str(DEADLINE))
-    nbgrader("generate_assignment", ASSIGNMENT, "--force", course=course, env=env)
-    release = course / "release" / ASSIGNMENT / SOURCE.name
-    source_nb = nbformat.read(SOURCE, as_version=4)
-    for student, (positions, attention) in SUBMISSIONS.items():
-        folder = course / "submitted" / student / ASSIGNMENT
-        folder.mkdir(parents=True)
-        nbformat.write(submission(release, source_nb, positions, attention),
-                       folder / SOURCE.name)
-    nbgrader("autograde", ASSIGNMENT, "--force", course=course, env=env, timeout=500)
-    nbgrader("export", f"--to={course / 'grades.csv'}", course=course, env=env)
-    return dict(course=course, env=env, release=release)
+    return autograde(ASSIGNMENT, SUBMISSIONS, tmp_path_factory.mktemp("course"))
 
 
 @pytest.mark.slow
@@ -208,18 +162,10 @@ def test_exported_grades_are_the_expected_totals(graded):
 @pytest.mark.slow
 @pytest.mark.parametrize("student", SUBMISSIONS)
 def test_each_test_cell_scores_as_expected_with_a_helpful_message(graded, student):
-    from nbgrader.api import Gradebook
-    os.environ["PATH"] = graded["env"]["PATH"]  # Gradebook runs `alembic` too
-    with Gradebook(f"sqlite:///{graded['course'] / 'gradebook.db'}") as gb:
-        scores = {name: gb.find_grade(name, ASSIGNMENT, ASSIGNMENT, student).score
-                  for name in CELLS}
-    assert scores == {name: 0 if name in FAILED[student] else points
-                      for name, points in CELLS.items()}
-    nb = nbformat.read(graded["course"] / "autograded" / student / ASSIGNMENT / SOURCE.name, 4)
-    errors = {c.id: "\n".join("\n".join(o.traceback) for o in c.outputs
-                              if o.output_type == "error")
-              for c in nb.cells if c.cell_type == "code"}
+    assert scores(graded, student, CELLS) == {
+        name: 0 if name in FAILED[student] else points for name, points in CELLS.items()}
+    errs = errors(graded, student)
     for name, message in FAILED[student].items():
         cell_id = name.replace("_", "-")
-        assert message in errors[cell_id], f"{name}:\n{errors[cell_id]}"
-    assert (errors["try-zigzag"] != "") == (student in ("untouched", "deadlock"))
+        assert message in errs[cell_id], f"{name}:\n{errs[cell_id]}"
+    assert (errs["try-zigzag"] != "") == (student in ("untouched", "deadlock"))
