@@ -9,24 +9,19 @@ five submissions (reference, untouched, all-reduce instead of reduce-scatter,
 gradients freed only after backward, a deadlock), scores checked per cell.
 """
 import csv
-import os
-import shutil
-import subprocess
 import sys
 import time
 import types
-from pathlib import Path
 
 import cloudpickle
 import nbformat
 import pytest
 
 import labsupport.grading.zero as gz
+from nbgrader_run import autograde, errors, scores, source_path
 
-ROOT = Path(__file__).resolve().parent.parent
 ASSIGNMENT = "zero2_overlap"
-SOURCE = ROOT / "notebooks" / "assignments" / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
-DEADLINE = 4  # s, LABSUPPORT_GRADING_TIMEOUT of the autograde run below
+SOURCE = source_path(ASSIGNMENT)
 SHORT = 3.0   # s, deadline of the unit test that deadlocks on purpose
 
 HOOK_FREE = "        param.grad = None                        # the bucket holds it now\n"
@@ -143,38 +138,11 @@ FAILED = {  # submission -> the test cells that score zero, and what their messa
 }
 
 
-def nbgrader(*args, course: Path, timeout=300, env=None):
-    cmd = [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={course}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, \
-        f"nbgrader {' '.join(args)} failed:\n{proc.stdout[-3000:]}{proc.stderr[-5000:]}"
-    return proc
-
-
-def submission(release: Path, student: str):
-    nb = nbformat.read(release, as_version=4)
-    if student != "untouched":
-        source = _cell(nbformat.read(SOURCE, 4), "zero2_overlap").source
-        _cell(nb, "zero2_overlap").source = variant_source(student, source)
-    return nb
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    course = tmp_path_factory.mktemp("course")
-    shutil.copytree(SOURCE.parent, course / "source" / ASSIGNMENT)
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               LABSUPPORT_GRADING_TIMEOUT=str(DEADLINE))
-    nbgrader("generate_assignment", ASSIGNMENT, "--force", course=course, env=env)
-    release = course / "release" / ASSIGNMENT / SOURCE.name
-    for student in FAILED:
-        folder = course / "submitted" / student / ASSIGNMENT
-        folder.mkdir(parents=True)
-        nbformat.write(submission(release, student), folder / SOURCE.name)
-    nbgrader("autograde", ASSIGNMENT, "--force", course=course, env=env, timeout=500)
-    nbgrader("export", f"--to={course / 'grades.csv'}", course=course, env=env)
-    return dict(course=course, env=env, release=release)
+    submissions = {s: None if s == "untouched" else {"zero2_overlap": variant_source(s)}
+                   for s in FAILED}
+    return autograde(ASSIGNMENT, submissions, tmp_path_factory.mktemp("course"))
 
 
 @pytest.mark.slow
@@ -197,16 +165,8 @@ def test_exported_grades_are_the_expected_totals(graded):
 @pytest.mark.slow
 @pytest.mark.parametrize("student", FAILED)
 def test_each_test_cell_scores_as_expected_with_a_helpful_message(graded, student):
-    from nbgrader.api import Gradebook
-    os.environ["PATH"] = graded["env"]["PATH"]  # Gradebook runs `alembic` too
-    with Gradebook(f"sqlite:///{graded['course'] / 'gradebook.db'}") as gb:
-        scores = {name: gb.find_grade(name, ASSIGNMENT, ASSIGNMENT, student).score
-                  for name in CELLS}
-    assert scores == {name: 0 if name in FAILED[student] else points
-                      for name, points in CELLS.items()}
-    nb = nbformat.read(graded["course"] / "autograded" / student / ASSIGNMENT / SOURCE.name, 4)
-    errors = {c.id: "\n".join("\n".join(o.traceback) for o in c.outputs
-                              if o.output_type == "error")
-              for c in nb.cells if c.cell_type == "code"}
+    assert scores(graded, student, CELLS) == {
+        name: 0 if name in FAILED[student] else points for name, points in CELLS.items()}
+    errs = errors(graded, student)
     for name, message in FAILED[student].items():
-        assert message in errors[name.replace("_", "-")], f"{name}:\n{errors[name]}"
+        assert message in errs[name.replace("_", "-")], f"{name}:\n{errs[name]}"
