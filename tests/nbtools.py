@@ -3,6 +3,8 @@
 Each chapter declares its small parameters in its notebook metadata:
     "metadata": {"labsupport": {"small_parameters": {"WORLD_SIZE": 2, ...}}}
 """
+import ast
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -74,3 +76,30 @@ def failures_by_file(junit: Path) -> dict:
         if bad:
             failed[file].append(case.get("name"))
     return failed
+
+
+# -- the notebook's copy of the lesson is the package's ---------------------------
+
+def package_lesson(module) -> str:
+    """The module's source between `# --- lesson: ...` and `# --- end of lesson ---`."""
+    source = Path(module.__file__).read_text()
+    return re.search(r"# --- lesson:.*?\n(.*)# --- end of lesson ---", source, re.S).group(1)
+
+
+def notebook_lesson(notebook: Path, tag: str) -> str:
+    """The sources of the notebook's cells tagged `tag`, joined by blank lines."""
+    nb = nbformat.read(notebook, as_version=4)
+    cells = [c.source for c in nb.cells if tag in c.metadata.get("tags", [])]
+    assert cells, f"no cell of {notebook.name} is tagged {tag!r}"
+    return "\n\n".join(cells)
+
+
+def definitions(source) -> dict:
+    """{name: its full source lines} of each top-level def or assignment."""
+    lines = source.splitlines()
+    found = {}
+    for node in ast.parse(source).body:
+        name = node.name if isinstance(node, ast.FunctionDef) else node.targets[0].id
+        assert name not in found, f"{name} is defined twice"
+        found[name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
+    return found

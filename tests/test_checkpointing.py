@@ -1,14 +1,12 @@
 # Run: .venv/bin/python -m pytest tests/test_checkpointing.py
 """labsupport.checkpointing: the memory chapter's checkpointed forward, and its notebook copy."""
-import ast
-import re
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 
 from labsupport import checkpointing, memory, models
+from nbtools import definitions, notebook_lesson, package_lesson
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "00_memory.ipynb"
 LESSON_TAG = "checkpointing-lesson"
@@ -46,21 +44,6 @@ def test_checkpointing_holds_fewer_bytes(setup):
     assert held["full"] < held["selective"] < held["none"]
 
 
-def _definitions(source):
-    lines = source.splitlines()
-    found = {}
-    for node in ast.parse(source).body:
-        name = node.name if isinstance(node, ast.FunctionDef) else node.targets[0].id
-        assert name not in found, f"{name} is defined twice"
-        found[name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
-    return found
-
-
 def test_the_notebook_copy_is_identical():
-    source = Path(checkpointing.__file__).read_text()
-    package = _definitions(re.search(r"# --- lesson:.*?\n(.*)# --- end of lesson ---",
-                                     source, re.S).group(1))
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    cells = [c.source for c in nb.cells if LESSON_TAG in c.metadata.get("tags", [])]
-    assert cells, f"no cell of {NOTEBOOK.name} is tagged {LESSON_TAG!r}"
-    assert _definitions("\n\n".join(cells)) == package
+    package = definitions(package_lesson(checkpointing))
+    assert definitions(notebook_lesson(NOTEBOOK, LESSON_TAG)) == package

@@ -8,18 +8,17 @@ your-turn checks with right and wrong answers; the notebook's copy of the
 lesson being the package's, character for character.
 """
 import ast
-import re
 import sys
 from pathlib import Path
 
 import cloudpickle
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
 
 import labsupport as ls
 from labsupport import memory, mesh, models
+from nbtools import notebook_lesson, package_lesson
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "08_device_mesh.ipynb"
 LESSON_TAG = "mesh-lesson"
@@ -166,16 +165,11 @@ def _definitions(source):
 
 
 def _package_lesson():
-    source = Path(mesh.__file__).read_text()
-    return _definitions(re.search(r"# --- lesson:.*?\n(.*)# --- end of lesson ---",
-                                  source, re.S).group(1))
+    return _definitions(package_lesson(mesh))
 
 
 def _notebook_lesson():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    cells = [c.source for c in nb.cells if LESSON_TAG in c.metadata.get("tags", [])]
-    assert cells, f"no cell of {NOTEBOOK.name} is tagged {LESSON_TAG!r}"
-    return _definitions("\n\n".join(cells))
+    return _definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
 
 
 def test_the_notebook_shows_every_definition_of_the_package():

@@ -7,18 +7,16 @@ sizes below N, many segments), exact payload bytes, the error for bad input,
 and the notebook's copy of the code being the package's, character for
 character.
 """
-import ast
 import inspect
-import re
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
 
 import labsupport as ls
 from labsupport import ring, traffic
+from nbtools import definitions, notebook_lesson, package_lesson
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "02_ring_allreduce.ipynb"
 LESSON_TAG = "ring-lesson"
@@ -136,28 +134,12 @@ def test_a_non_contiguous_tensor_is_refused_with_a_hint(cluster):
 
 # -- the notebook's copy of the lesson is the package's ---------------------------
 
-def _definitions(source):
-    """{name: its full source lines} of each top-level def or assignment."""
-    lines = source.splitlines()
-    found = {}
-    for node in ast.parse(source).body:
-        name = node.name if isinstance(node, ast.FunctionDef) else node.targets[0].id
-        assert name not in found, f"{name} is defined twice"
-        found[name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
-    return found
-
-
 def _package_lesson():
-    source = Path(ring.__file__).read_text()
-    return _definitions(re.search(r"# --- lesson:.*?\n(.*)# --- end of lesson ---",
-                                  source, re.S).group(1))
+    return definitions(package_lesson(ring))
 
 
 def _notebook_lesson():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    cells = [c.source for c in nb.cells if LESSON_TAG in c.metadata.get("tags", [])]
-    assert cells, f"no cell of {NOTEBOOK.name} is tagged {LESSON_TAG!r}"
-    return _definitions("\n\n".join(cells))
+    return definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
 
 
 def test_the_notebook_shows_every_definition_of_the_package():

@@ -11,10 +11,8 @@ for character.
 """
 import ast
 import inspect
-import re
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
@@ -23,6 +21,7 @@ import torch.nn.functional as F
 import labsupport as ls
 from labsupport import ring_attention as ra, traffic
 from labsupport.timeline import Timeline
+from nbtools import notebook_lesson, package_lesson
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "06_context_parallel.ipynb"
 LESSON_TAG = "cp-lesson"
@@ -136,16 +135,11 @@ def _definitions(source):
 
 
 def _package_lesson():
-    source = Path(ra.__file__).read_text()
-    return _definitions(re.search(r"# --- lesson:.*?\n(.*)# --- end of lesson ---",
-                                  source, re.S).group(1))
+    return _definitions(package_lesson(ra))
 
 
 def _notebook_lesson():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    cells = [c.source for c in nb.cells if LESSON_TAG in c.metadata.get("tags", [])]
-    assert cells, f"no cell of {NOTEBOOK.name} is tagged {LESSON_TAG!r}"
-    return _definitions("\n\n".join(cells))
+    return _definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
 
 
 def test_the_notebook_shows_every_definition_of_the_package():

@@ -9,12 +9,10 @@ sub-group (as chapter 8 runs them); errors for sizes t does not divide; and
 the notebook's copy of the lesson being the package's, character for character.
 """
 import ast
-import re
 import sys
 from pathlib import Path
 
 import cloudpickle
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
@@ -23,6 +21,7 @@ import labsupport as ls
 from labsupport import models
 from labsupport import tensor_parallel as tp
 from labsupport import tp_gpt, tp_probe
+from nbtools import notebook_lesson, package_lesson
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "04_tensor_parallel.ipynb"
 LESSON_TAG = "tp-lesson"
@@ -217,16 +216,11 @@ def _definitions(source):
 
 
 def _package_lesson():
-    source = Path(tp.__file__).read_text()
-    return _definitions(re.search(r"# --- lesson:.*?\n(.*)# --- end of lesson ---",
-                                  source, re.S).group(1))
+    return _definitions(package_lesson(tp))
 
 
 def _notebook_lesson():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    cells = [c.source for c in nb.cells if LESSON_TAG in c.metadata.get("tags", [])]
-    assert cells, f"no cell of {NOTEBOOK.name} is tagged {LESSON_TAG!r}"
-    return _definitions("\n\n".join(cells))
+    return _definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
 
 
 def test_the_notebook_shows_every_definition_of_the_package():
