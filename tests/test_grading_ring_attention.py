@@ -138,7 +138,7 @@ FAILED = {  # submission -> the test cells that score zero, and what their messa
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    return autograde(ASSIGNMENT, SUBMISSIONS, tmp_path_factory.mktemp("course"))
+    return autograde(ASSIGNMENT, SUBMISSIONS, tmp_path_factory.mktemp("course"), timeout=500)
 
 
 @pytest.mark.slow

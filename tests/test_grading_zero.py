@@ -142,7 +142,7 @@ FAILED = {  # submission -> the test cells that score zero, and what their messa
 def graded(tmp_path_factory):
     submissions = {s: None if s == "untouched" else {"zero2_overlap": variant_source(s)}
                    for s in FAILED}
-    return autograde(ASSIGNMENT, submissions, tmp_path_factory.mktemp("course"))
+    return autograde(ASSIGNMENT, submissions, tmp_path_factory.mktemp("course"), timeout=500)
 
 
 @pytest.mark.slow
