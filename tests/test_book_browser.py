@@ -10,7 +10,6 @@ browser (no DNS, dead proxy), and the off-host URLs it tried are reported.
 import functools
 import http.server
 import json
-import shutil
 import subprocess
 import sys
 import threading
