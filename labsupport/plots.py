@@ -32,7 +32,7 @@ MEASURED_END = "<!-- /labsupport:measured -->"
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00",
            "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 DEFAULT_HEIGHT = 420  # px, when the figure sets no layout.height
-MODEBAR_PX = 32  # room above a title for the mode bar
+MODEBAR_PX = 40  # room above a title for the mode bar (2 + 27 px high) and its gap
 TITLE_PX, SUBTITLE_PX, ROW_PX = 30, 24, 40  # a title's line, a subtitle's, a row of subplot titles
 CONFIG = {"displaylogo": False, "responsive": True}
 
@@ -54,7 +54,7 @@ def course_template():
         # book page's width, and one above it covers the title once it wraps
         # to a second row; at the bottom, plotly shrinks the plot to fit it.
         # The title starts below the mode bar (the toolbar plotly shows at the
-        # top right on hover, 2 + 26 px high), and automargin makes room for
+        # top right on hover, 2 + 27 px high), and automargin makes room for
         # it above the plot, however many lines it has.
         margin=dict(l=60, r=20, t=60, b=40),
         title=dict(yref="container", y=1, yanchor="top", pad=dict(t=MODEBAR_PX, l=8),
