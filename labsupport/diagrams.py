@@ -87,7 +87,7 @@ def holdings(before, after, title, world_size=None):
     width = max([len(_values(t)) for t in (*before, *after)] + [1])
     scale, top = _colourscale(world_size)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("before", "after"),
-                        horizontal_spacing=0.08)
+                        horizontal_spacing=0.08, shared_yaxes=True)  # one set of rank labels
     for col, tensors in ((1, before), (2, after)):
         z, text, hover = _grid(tensors, world_size, blocks, width)
         fig.add_heatmap(z=z, text=text, texttemplate="%{text}", hovertext=hover,
@@ -97,7 +97,7 @@ def holdings(before, after, title, world_size=None):
     fig.update_yaxes(autorange="reversed", showgrid=False)
     fig.update_xaxes(title_text="element", showgrid=False, dtick=1)
     key = "colour: the rank a block came from; grey: combined from several ranks"
-    fig.update_layout(title=f"{title}<br><sup>{key}</sup>", height=160 + 45 * world_size)
+    fig.update_layout(title=dict(text=title, subtitle_text=key), height=160 + 45 * world_size)
     return fig
 
 
@@ -162,7 +162,7 @@ def _spread(group):
 def alpha_beta(rows, fits, title="time per call and the α-β fit"):
     """Measured times (markers) and α + S/β (dotted); fits[(label, N)] = (α, β)."""
     fig = go.Figure(layout=dict(
-        title=f"{title}<br><sup>markers: measured; dotted: the fit</sup>",
+        title=dict(text=title, subtitle_text="markers: measured; dotted: the fit"),
         xaxis=dict(title="message size S (bytes)", type="log", dtick=1),
         yaxis=dict(title="time (ms)", type="log"), height=480))
     for (label, n), group in _by_curve(rows).items():

@@ -51,20 +51,17 @@ def split_stages(model: DeepMLP, num_stages: int) -> list[nn.Sequential]:
 # --- the lesson: one copy here, one in the notebook (tests/test_pipeline.py) ---
 
 def tag(pp, stage, i, grad):
-    """A message's name: the stage it goes to, its micro-batch, its direction.
+    """A message's name: the stage it goes to, its micro-batch, direction.
 
-    Two ranks exchange several kinds of message (activations one way,
-    gradients the other, for several stages when v > 1); gloo pairs a
-    receive with the send of the same peer and tag only.
+    gloo pairs a receive with the send of the same peer and tag only.
     """
     return 2 * (stage * pp.m + i) + grad
 
 
 def send(pp, tensor, stage, i, grad=False):
-    """Post the send of micro-batch i's activation (or gradient) to ``stage``.
+    """Post micro-batch i's activation (or gradient) to ``stage``; go on.
 
-    isend, and go on: a rank only ever waits for what it needs (``recv``),
-    so any order of calls that respects the data dependencies runs.
+    isend: a rank waits only for what it needs next, in ``recv``.
     """
     with pp.tl.span("comm", "send", mb=i, stage=stage):
         work = dist.isend(tensor.detach().contiguous(), stage % pp.world_size,
@@ -92,7 +89,7 @@ def post_receives(pp):
 def recv(pp, stage, i, grad=False):
     """Wait for micro-batch i's input (or output gradient) of our ``stage``.
 
-    The time spent here is recorded on the "wait" lane: it is the bubble.
+    The time spent here is recorded on the "wait" lane: idle time.
     """
     buffer, work = pp.posted.pop((stage, i, grad))
     with pp.tl.span("wait", "recv", mb=i, stage=stage):

@@ -153,12 +153,13 @@ def explorer(schedules: dict, ps=(2, 4, 8), ms=(1, 2, 4, 8, 16), start=(0, 0),
     sliders = [_slider(views) for _, _, views in groups]
     buttons = [dict(label=name, method="update",
                     args=[{"visible": _visible(views[0][0], n)},
-                          {"sliders": [slider], "title.text": views[0][1], **_y_axis(p)}])
+                          {"sliders": [slider], **_title(views[0][1]), **_y_axis(p)}])
                for (name, p, views), slider in zip(groups, sliders)]
     for i, trace in enumerate(fig.data):
         trace.visible = i in groups[g][2][k][0]
     fig.update_layout(
-        title=dict(text=groups[g][2][k][1], x=0, xanchor="left"), barmode="overlay",
+        title=dict(text=groups[g][2][k][1][0], subtitle_text=groups[g][2][k][1][1], x=0,
+                   xanchor="left"), barmode="overlay",
         height=500, margin=dict(t=110), sliders=[dict(sliders[g], active=k)],
         uniformtext=dict(minsize=9, mode="hide"),
         updatemenus=[dict(buttons=buttons, active=g, x=1, xanchor="right", y=1.02,
@@ -176,19 +177,19 @@ def _valid(fn, p, m, v):
 
 
 def _add_view(fig, fn, p, m, v, label, run=None):
-    """Two bar traces (forwards, backwards) of one ideal schedule: (their indices, title, m).
+    """Two bar traces (forwards, backwards) of one ideal schedule: (their indices,
+    (title, subtitle), m)
 
     ``run``: the measured row of this configuration, if it was run."""
     events = ideal_events(fn, p, m, v, t_f=1.0 / p, t_b=2.0 / p)
     first = len(fig.data)
     fig.add_traces(bars(events, row=lambda e: e["rank"], label=micro_batch, legend=KINDS))
     f = bubble_formula(p, m, v)
-    title = (f"{label}, p={p}, m={m}<br><sub>bubble: {f['fraction']:.0%} of the wall "
-             f"time, {f['ratio']:.0%} of the compute")
+    subtitle = f"bubble: {f['fraction']:.0%} of the wall time, {f['ratio']:.0%} of the compute"
     if run is not None:
-        title += (f"; measured in this run: {run['measured']:.0%} and "
-                  f"{run['measured_ratio']:.0%}")
-    return list(range(first, len(fig.data))), title + "</sub>", m
+        subtitle += (f"; measured in this run: {run['measured']:.0%} and "
+                     f"{run['measured_ratio']:.0%}")
+    return list(range(first, len(fig.data))), (f"{label}, p={p}, m={m}", subtitle), m
 
 
 # How the charts of pipelines show each kind of event (timeline.gantt's ``legend``)
@@ -206,11 +207,16 @@ def _visible(indices, n):
     return [i in indices for i in range(n)]
 
 
+def _title(title):
+    """Layout updates that show a view's (title, subtitle)."""
+    return {"title.text": title[0], "title.subtitle.text": title[1]}
+
+
 def _slider(views):
     """Steps that switch between one group's views, touching only that group's traces."""
     mine = [i for idx, _, _ in views for i in idx]
     steps = [dict(label=str(m), method="update",
-                  args=[{"visible": [i in idx for i in mine]}, {"title.text": title}, mine])
+                  args=[{"visible": [i in idx for i in mine]}, _title(title), mine])
              for idx, title, m in views]
     return dict(active=0, steps=steps, currentvalue=dict(prefix="m = "), pad=dict(t=50))
 

@@ -32,6 +32,8 @@ MEASURED_END = "<!-- /labsupport:measured -->"
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00",
            "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 DEFAULT_HEIGHT = 420  # px, when the figure sets no layout.height
+MODEBAR_PX = 40  # room above a title for the mode bar (2 + 27 px high) and its gap
+TITLE_PX, SUBTITLE_PX, ROW_PX = 30, 24, 40  # a title's line, a subtitle's, a row of subplot titles
 CONFIG = {"displaylogo": False, "responsive": True}
 
 _counter = itertools.count(1)  # figures shown in this kernel so far
@@ -51,8 +53,12 @@ def course_template():
         # of the plot area): a legend beside the plot would take a third of a
         # book page's width, and one above it covers the title once it wraps
         # to a second row; at the bottom, plotly shrinks the plot to fit it.
+        # The title starts below the mode bar (the toolbar plotly shows at the
+        # top right on hover, 2 + 27 px high), and automargin makes room for
+        # it above the plot, however many lines it has.
         margin=dict(l=60, r=20, t=60, b=40),
-        title=dict(yref="container", y=0.97, yanchor="top"),
+        title=dict(yref="container", y=1, yanchor="top", pad=dict(t=MODEBAR_PX, l=8),
+                   automargin=True),
         legend=dict(orientation="h", x=0, xanchor="left", yref="container", y=0.01,
                     yanchor="bottom"),
         hoverlabel=dict(namelength=-1),
@@ -90,9 +96,32 @@ def figure_html(fig_json, fig_id, height):
         f'Plotly.newPlot("{fig_id}", {fig_json});\n</script>')
 
 
+def top_margin(layout):
+    """Pixels above the plot area for what plotly's automargin leaves out.
+
+    The title's automargin keeps it off the plot area, but not off subplot
+    titles or menus placed just above the plot area, nor off its own subtitle:
+    for those, room is made here: mode bar, title, subtitle, then the row of
+    subplot titles or menus.
+    """
+    title = layout.get("title") or {}
+    title = title if isinstance(title, dict) else {"text": title}
+    above = [*layout.get("annotations", ()), *layout.get("updatemenus", ())]
+    row_above = any(a.get("yref", "paper") == "paper" and a.get("y", 0) >= 1 for a in above)
+    if not (title.get("text") and (row_above or (title.get("subtitle") or {}).get("text"))):
+        return None
+    room = MODEBAR_PX + TITLE_PX + SUBTITLE_PX * bool((title.get("subtitle") or {}).get("text"))
+    return room + ROW_PX * row_above
+
+
 def figure_bundle(fig_dict, measured=False):
     """The mime bundle of one figure (see the module docstring)."""
     fig_dict = dict(fig_dict, config=CONFIG)
+    room = top_margin(fig_dict.get("layout", {}))
+    if room:
+        layout = fig_dict["layout"] = dict(fig_dict["layout"])
+        margin = layout["margin"] = dict(layout.get("margin", {}))
+        margin["t"] = max(margin.get("t", 0), room)
     text = figure_json(fig_dict)
     height = fig_dict.get("layout", {}).get("height") or DEFAULT_HEIGHT
     html = figure_html(text, div_id(text), height)

@@ -146,7 +146,6 @@ def holders(full: torch.Tensor, shards: list) -> torch.Tensor:
 
 def sharding_figure(grids: dict, world_size: int, title: str):
     """One heatmap per tensor (name -> holders() grid): each element coloured by its holder."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     from labsupport.plots import PALETTE

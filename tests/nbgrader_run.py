@@ -8,6 +8,7 @@ A submission is a dict {grade_id of a solution cell: its source, or a
 function that edits the reference's source}; cells it does not name keep the
 reference's source; ``None`` is the untouched student version. Imports only what nbgrader needs; the ranks never import it.
 """
+import csv
 import os
 import shutil
 import subprocess
@@ -104,3 +105,29 @@ def cell_seconds(nb) -> dict:
                           for key in ("iopub.execute_input", "shell.execute_reply"))
             seconds[c.id] = (end - start).total_seconds()
     return seconds
+
+
+# -- what every assignment's grading test checks ------------------------------------------
+
+def assert_exported_totals(graded: dict, cells: dict, failed: dict, expected: dict):
+    """grades.csv (`nbgrader export`) gives each submission the points of the cells it
+    passed (``failed[student]`` names those it fails), which are ``expected``, out of all
+    the cells' points."""
+    with open(graded["course"] / "grades.csv", newline="") as f:
+        rows = {row["student_id"]: row for row in csv.DictReader(f)}
+    totals = {s: sum(p for c, p in cells.items() if c not in failed[s]) for s in failed}
+    assert totals == expected, "the table of failed cells and the expected totals disagree"
+    assert {s: float(rows[s]["score"]) for s in failed} == expected
+    assert {float(rows[s]["max_score"]) for s in failed} == {sum(cells.values())}
+
+
+def assert_cell_scores(graded: dict, student: str, cells: dict, failed: dict) -> dict:
+    """Each graded cell scores 0 where ``failed[student]`` names it, and its error then
+    contains the message named there; full points elsewhere. Returns the cells' errors."""
+    assert scores(graded, student, cells) == {
+        name: 0 if name in failed[student] else points for name, points in cells.items()}
+    errs = errors(graded, student)
+    for name, message in failed[student].items():
+        text = errs[name.replace("_", "-")]
+        assert message in text, f"{name}:\n{text}"
+    return errs

@@ -10,7 +10,6 @@ browser (no DNS, dead proxy), and the off-host URLs it tried are reported.
 import functools
 import http.server
 import json
-import shutil
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 NOTEBOOK_PAGE = "notebooks/00_how_this_book_runs.html"
 MATH_PAGE = "book/conventions.html"
+FIGURE_LAYOUT_JS = (ROOT / "tests" / "figure_layout.js").read_text()
 WAIT_S = 60  # generous: the machine may be busy with other tests
 MAX_PAGE_BYTES = 1_000_000  # plotly.js is served once, never inlined
 # A page may try these off-host and still work; anything else needed fails.
@@ -208,3 +208,53 @@ def check_offline(requests, base_url, page):
     print(f"{page}: {len(requests)} requests, off-host: {tried or 'none'}")
     needed = [(u, t) for u, t in tried if t in NEEDED_TYPES]
     assert not needed, f"{page} needs off-host scripts/CSS: {needed}"
+
+
+def chapter_pages(html_dir):
+    return sorted(str(p.relative_to(html_dir)) for p in (html_dir / "notebooks").glob("*.html"))
+
+
+def figure_problems(driver, base_url, page):
+    """Open a page, wait until plotly has drawn every figure, run figure_layout.js."""
+    open_page(driver, base_url, page)
+    WebDriverWait(driver, WAIT_S).until(lambda d: d.execute_script(
+        "return [...document.querySelectorAll('div.plotly-graph-div')]"
+        ".every(g => g._fullLayout && g.querySelector('.main-svg'))"))
+    return driver.execute_script(FIGURE_LAYOUT_JS)
+
+
+def test_every_figure_is_readable_at_the_page_width(browser, base_url, html_dir):
+    """At the book's width (a 1280 px window: figures 676 px wide) no title is
+    clipped or covered (mode bar, menu, subplot titles, legend), no legend
+    covers a plot, and every timeline fills its time axis."""
+    seen, bad = 0, []
+    for page in chapter_pages(html_dir):
+        figures = figure_problems(browser, base_url, page)
+        seen += len(figures)
+        bad += [f"{page}: {f['title'][:60]!r}: {'; '.join(f['problems'])}"
+                for f in figures if f["problems"]]
+    assert seen >= 30, f"only {seen} figures drawn in the chapters"
+    assert not bad, "figures not readable at the page's width:\n" + "\n".join(bad)
+
+
+BAD_FIGURES = [  # what the checks must catch: the look of the figures before the fix
+    {"data": [{"type": "scatter", "x": [1, 2], "y": [1, 2]}],
+     "layout": {"title": {"text": "a long title that runs under the mode bar at the top right "
+                                   "of the figure", "y": 0.97, "yref": "container"}}},
+    {"data": [{"type": "bar", "orientation": "h", "y": ["rank 0"], "base": [0], "x": [4]}],
+     "layout": {"title": {"text": "a step of 4 ms", "y": 0.7, "yref": "container"},
+                "xaxis": {"range": [0, 17]}}},
+]
+
+
+def test_figure_checks_catch_a_covered_title_and_an_empty_time_axis(browser, base_url, html_dir):
+    page = html_dir / "figure_layout_selftest.html"
+    divs = "".join(
+        f'<div id="f{i}" class="plotly-graph-div" style="height:300px; width:676px"></div>'
+        f'<script>Plotly.newPlot("f{i}", {json.dumps(fig)});</script>'
+        for i, fig in enumerate(BAD_FIGURES))
+    page.write_text('<html><head><script src="_static/vendor/plotly.min.js"></script></head>'
+                    f"<body>{divs}</body></html>")
+    problems = [f["problems"] for f in figure_problems(browser, base_url, page.name)]
+    assert "title under mode bar" in problems[0], problems
+    assert any(p.startswith("bars fill 24%") for p in problems[1]), problems

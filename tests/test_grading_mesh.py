@@ -8,7 +8,6 @@ all-reduce only one rank of a dp group calls) ends at the deadline. Layer 4 (slo
 generate_assignment`, `autograde` and `export` on the assignment in a
 temporary course directory, with six submissions whose scores are known.
 """
-import csv
 import inspect
 import re
 import time
@@ -18,7 +17,8 @@ import pytest
 
 import grading_mesh_fns as fns
 import labsupport.grading.mesh as gm
-from nbgrader_run import autograde, cell_seconds, errors, scores, source_path
+from nbgrader_run import (assert_cell_scores, assert_exported_totals, autograde, cell_seconds,
+                          source_path)
 
 ASSIGNMENT = "dp_tp_step"
 SHORT = 3.0  # s, deadline of the unit test that deadlocks on purpose
@@ -127,23 +127,15 @@ def test_the_student_version_has_stubs(graded):
 
 @pytest.mark.slow
 def test_exported_grades_are_the_expected_totals(graded):
-    with open(graded["course"] / "grades.csv", newline="") as f:
-        rows = {row["student_id"]: row for row in csv.DictReader(f)}
-    expected = {s: sum(p for c, p in CELLS.items() if c not in FAILED[s]) for s in SUBMISSIONS}
-    assert {s: float(rows[s]["score"]) for s in SUBMISSIONS} == expected
-    assert expected == {"reference": 10, "untouched": 0, "swapped": 8, "world_average": 2,
-                        "tp_sync": 4, "deadlock": 2}
+    assert_exported_totals(graded, CELLS, FAILED, {
+        "reference": 10, "untouched": 0, "swapped": 8, "world_average": 2, "tp_sync": 4,
+        "deadlock": 2})
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("student", SUBMISSIONS)
 def test_each_test_cell_scores_as_expected_with_a_helpful_message(graded, student):
-    assert scores(graded, student, CELLS) == {
-        name: 0 if name in FAILED[student] else points for name, points in CELLS.items()}
-    errs = errors(graded, student)
-    for name, message in FAILED[student].items():
-        text = errs[name.replace("_", "-")]
-        assert message in text, f"{name}:\n{text}"
+    assert_cell_scores(graded, student, CELLS, FAILED)
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ wrong merge; q sent too; a collective; a deadlock ends at the deadline).
 Layer 4 (slow): `nbgrader generate_assignment`, `autograde` and `export` on
 the assignment with five submissions whose scores per test cell are known.
 """
-import csv
 
 import pytest
 
@@ -17,7 +16,7 @@ from grading_zigzag import (
     all_gather_attention, blocking_attention, contiguous_positions, contiguous_ring_attention,
     overlapping_positions, sends_q_too_attention, wrong_merge_attention, zigzag_positions,
     zigzag_ring_attention)
-from nbgrader_run import autograde, errors, scores
+from nbgrader_run import assert_cell_scores, assert_exported_totals, autograde
 
 ASSIGNMENT = "zigzag_ring_attention"
 SHORT = 2.0  # s, deadline of the unit test that deadlocks on purpose
@@ -151,21 +150,12 @@ def test_the_student_version_has_stubs_and_no_hidden_tests(graded):
 
 @pytest.mark.slow
 def test_exported_grades_are_the_expected_totals(graded):
-    with open(graded["course"] / "grades.csv", newline="") as f:
-        rows = {row["student_id"]: row for row in csv.DictReader(f)}
-    expected = {s: sum(p for c, p in CELLS.items() if c not in FAILED[s]) for s in SUBMISSIONS}
-    assert {s: float(rows[s]["score"]) for s in SUBMISSIONS} == expected
-    assert expected == {"reference": 10, "untouched": 0, "contiguous": 8, "wrong_merge": 5,
-                        "deadlock": 1}
+    assert_exported_totals(graded, CELLS, FAILED, {
+        "reference": 10, "untouched": 0, "contiguous": 8, "wrong_merge": 5, "deadlock": 1})
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("student", SUBMISSIONS)
 def test_each_test_cell_scores_as_expected_with_a_helpful_message(graded, student):
-    assert scores(graded, student, CELLS) == {
-        name: 0 if name in FAILED[student] else points for name, points in CELLS.items()}
-    errs = errors(graded, student)
-    for name, message in FAILED[student].items():
-        cell_id = name.replace("_", "-")
-        assert message in errs[cell_id], f"{name}:\n{errs[cell_id]}"
+    errs = assert_cell_scores(graded, student, CELLS, FAILED)
     assert (errs["try-zigzag"] != "") == (student in ("untouched", "deadlock"))

@@ -8,7 +8,6 @@ deadline. Layer 4 (slow): `nbgrader generate_assignment`, `autograde` and
 `export` on the assignment in a temporary course directory, with six
 submissions whose scores, per test cell and in the exported CSV, are known.
 """
-import csv
 import inspect
 import time
 
@@ -16,7 +15,7 @@ import pytest
 
 import grading_xent_cases as cases
 import labsupport.grading.xent as gx
-from nbgrader_run import autograde, errors, scores
+from nbgrader_run import assert_cell_scores, assert_exported_totals, autograde
 
 ASSIGNMENT = "vocab_parallel_xent"
 SHORT = 3.0   # s, deadline of the unit test that deadlocks on purpose
@@ -123,20 +122,12 @@ def test_the_student_version_has_stubs_and_no_solution(graded):
 
 @pytest.mark.slow
 def test_exported_grades_are_the_expected_totals(graded):
-    with open(graded["course"] / "grades.csv", newline="") as f:
-        rows = {row["student_id"]: row for row in csv.DictReader(f)}
-    expected = {s: sum(p for c, p in CELLS.items() if c not in FAILED[s]) for s in SUBMISSIONS}
-    assert {s: float(rows[s]["score"]) for s in SUBMISSIONS} == expected
-    assert expected == {"reference": 10, "untouched": 0, "no_max": 8, "gathered": 8,
-                        "wrong_target": 7, "deadlock": 0}
+    assert_exported_totals(graded, CELLS, FAILED, {
+        "reference": 10, "untouched": 0, "no_max": 8, "gathered": 8, "wrong_target": 7,
+        "deadlock": 0})
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("student", SUBMISSIONS)
 def test_each_test_cell_scores_as_expected_with_a_helpful_message(graded, student):
-    assert scores(graded, student, CELLS) == {
-        name: 0 if name in FAILED[student] else points for name, points in CELLS.items()}
-    errs = errors(graded, student)
-    for name, message in FAILED[student].items():
-        cell_id = name.replace("_", "-")
-        assert message in errs[cell_id], f"{name}:\n{errs[cell_id]}"
+    assert_cell_scores(graded, student, CELLS, FAILED)

@@ -2,7 +2,6 @@
 
 Run: .venv/bin/python -m pytest tests/test_launcher_kernel.py
 """
-import json
 import os
 import signal
 import time

@@ -188,7 +188,8 @@ def test_explorer_views_are_consistent():
     for step in slider["steps"]:
         assert sum(step["args"][0]["visible"]) == 2  # forwards and backwards of one view
     assert sum(t.visible for t in fig.data) == 2
-    assert fig.layout.title.text.startswith("GPipe, p=2, m=1<br>")
+    assert fig.layout.title.text == "GPipe, p=2, m=1"
+    assert fig.layout.title.subtitle.text.startswith("bubble: 50% of the wall time")
 
 
 # --- measuring bubbles ---------------------------------------------------------------
@@ -213,7 +214,7 @@ def test_measure_gives_a_row_with_the_formula_and_a_table(cluster):
         row["measured_ratio"], abs=1e-3)
     shown = pipeline_sim.explorer({"1F1B": (pipeline.train_step_1f1b, 1)}, ps=(p,), ms=(2, 4),
                                   measured=[row])
-    titles = [s["args"][1]["title.text"] for s in shown.layout.sliders[0].steps]
+    titles = [s["args"][1]["title.subtitle.text"] for s in shown.layout.sliders[0].steps]
     assert "measured" not in titles[0]  # m=2 was not run
     assert f"measured in this run: {row['measured']:.0%} and {row['measured_ratio']:.0%}" in titles[1]
     assert len(bubbles.versus_m([row]).data) == 2

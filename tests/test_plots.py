@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import plotly.graph_objects as go
 import plotly.io as pio
+from plotly.subplots import make_subplots
 from nbval.plugin import get_sanitize_patterns
 
 from labsupport import plots
@@ -83,3 +84,23 @@ def test_root_conftest_skips_plotly_json_in_nbval():
              SimpleNamespace(parent=SimpleNamespace())]  # a non-nbval item
     conftest.pytest_collection_modifyitems(None, None, items)
     assert notebook.skip_compare == ("metadata", plots.PLOTLY_MIME)
+
+
+def test_title_starts_below_the_mode_bar_and_pushes_the_margin():
+    title = plots.course_template()["layout"]["title"]
+    assert title["pad"]["t"] == plots.MODEBAR_PX and title["automargin"]
+    assert (title["yref"], title["y"], title["yanchor"]) == ("container", 1, "top")
+
+
+def test_room_is_made_for_a_subtitle_and_a_row_of_subplot_titles():
+    def top(fig):
+        return plots.figure_bundle(fig.to_dict())[plots.PLOTLY_MIME]["layout"].get("margin", {}).get("t")
+
+    assert top(timing_figure(1.0)) is None  # plain title: plotly's automargin suffices
+    with_sub = go.Figure(layout=dict(title=dict(text="t", subtitle_text="s")))
+    assert top(with_sub) == plots.MODEBAR_PX + plots.TITLE_PX + plots.SUBTITLE_PX
+    grid = make_subplots(rows=1, cols=2, subplot_titles=("before", "after"))
+    grid.update_layout(title="t", margin=dict(t=10))
+    assert top(grid) == plots.MODEBAR_PX + plots.TITLE_PX + plots.ROW_PX
+    grid.update_layout(margin=dict(t=500))
+    assert top(grid) == 500  # a figure's own larger margin is kept
