@@ -110,21 +110,27 @@ def test_payload_when_n_does_not_divide_the_size(cluster):
         assert counts["ring_allreduce_simple"][0] == 4 * (2 * numel - skipped)
 
 
-def _after_reduce_scatter(numel):
-    """This rank's tensor after the reduce-scatter half of the optimised ring."""
-    x = _input(dist.get_rank(), numel)
-    chunks = x.view(-1).tensor_split(dist.get_world_size())
-    scratch = x.new_empty(2, 3)  # 3-float segments: several per chunk
-    for step in range(dist.get_world_size() - 1):
-        ring.reduce_scatter_step(chunks, step, scratch)
-    return x
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_the_last_reduce_scatter_step_completes_chunk_r_on_rank_r(world_size):
+    """As dist.reduce_scatter_tensor leaves it: rank r finishes chunk r."""
+    n, chunks = world_size, torch.arange(10 * world_size + 1).tensor_split(world_size)
+    for rank in range(n):
+        last = [part for step, part in ring.arrivals(chunks, rank, 3) if step == n - 2]
+        assert torch.equal(torch.cat(last), chunks[rank]), rank
 
 
-def test_the_reduce_scatter_leaves_chunk_r_on_rank_r_like_dist_reduce_scatter(cluster):
-    n, numel = cluster.world_size, 1001
-    want = sum(_input(r, numel) for r in range(n)).tensor_split(n)
-    for rank, got in enumerate(cluster.run(_after_reduce_scatter, numel)):
-        assert torch.equal(got.tensor_split(n)[rank], want[rank]), rank
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_each_rank_receives_what_its_left_neighbour_sends_in_that_order(world_size):
+    """What step s brings is what step s+1 sends on: the receives match the sends."""
+    n, chunks = world_size, torch.arange(10 * world_size + 1).tensor_split(world_size)
+    for rank in range(n):
+        left = (rank - 1) % n
+        sent = list(chunks[(left - 1) % n].split(3)) + \
+            [part for step, part in ring.arrivals(chunks, left, 3) if step < 2 * n - 3]
+        received = [part for _, part in ring.arrivals(chunks, rank, 3)]
+        assert len(sent) == len(received)
+        for s, r in zip(sent, received):
+            assert s.data_ptr() == r.data_ptr() and s.numel() == r.numel()
 
 
 def test_a_non_contiguous_tensor_is_refused_with_a_hint(cluster):
