@@ -54,8 +54,8 @@ def course_template():
         # book page's width, and one above it covers the title once it wraps
         # to a second row; at the bottom, plotly shrinks the plot to fit it.
         # The title starts below the mode bar (the toolbar plotly shows at the
-        # top right on hover, 2 + 27 px high), and automargin makes room for
-        # it above the plot, however many lines it has.
+        # top right on hover, 2 + 27 px high); figure_bundle makes room for it
+        # above the plot (top_margin), automargin for what is left over.
         margin=dict(l=60, r=20, t=60, b=40),
         title=dict(yref="container", y=1, yanchor="top", pad=dict(t=MODEBAR_PX, l=8),
                    automargin=True),
@@ -97,21 +97,21 @@ def figure_html(fig_json, fig_id, height):
 
 
 def top_margin(layout):
-    """Pixels above the plot area for what plotly's automargin leaves out.
+    """Pixels above the plot area of a titled figure: mode bar, title, subtitle,
+    then the row of subplot titles or menus placed just above the plot area.
 
-    The title's automargin keeps it off the plot area, but not off subplot
-    titles or menus placed just above the plot area, nor off its own subtitle:
-    for those, room is made here: mode bar, title, subtitle, then the row of
-    subplot titles or menus.
+    The title's automargin does not see the subtitle, subplot titles or menus,
+    and in plotly.js 4.1 it leaves some one-line titles (a scatter's) touching
+    the plot area: the room is made here instead.
     """
     title = layout.get("title") or {}
     title = title if isinstance(title, dict) else {"text": title}
+    if not title.get("text"):
+        return None
     above = [*layout.get("annotations", ()), *layout.get("updatemenus", ())]
     row_above = any(a.get("yref", "paper") == "paper" and a.get("y", 0) >= 1 for a in above)
-    if not (title.get("text") and (row_above or (title.get("subtitle") or {}).get("text"))):
-        return None
-    room = MODEBAR_PX + TITLE_PX + SUBTITLE_PX * bool((title.get("subtitle") or {}).get("text"))
-    return room + ROW_PX * row_above
+    subtitle = bool((title.get("subtitle") or {}).get("text"))
+    return MODEBAR_PX + TITLE_PX + SUBTITLE_PX * subtitle + ROW_PX * row_above
 
 
 def figure_bundle(fig_dict, measured=False):

@@ -96,7 +96,8 @@ def test_room_is_made_for_a_subtitle_and_a_row_of_subplot_titles():
     def top(fig):
         return plots.figure_bundle(fig.to_dict())[plots.PLOTLY_MIME]["layout"].get("margin", {}).get("t")
 
-    assert top(timing_figure(1.0)) is None  # plain title: plotly's automargin suffices
+    assert top(timing_figure(1.0)) == plots.MODEBAR_PX + plots.TITLE_PX
+    assert top(go.Figure(go.Bar(x=[1], y=[1]))) is None  # no title: the template's margin
     with_sub = go.Figure(layout=dict(title=dict(text="t", subtitle_text="s")))
     assert top(with_sub) == plots.MODEBAR_PX + plots.TITLE_PX + plots.SUBTITLE_PX
     grid = make_subplots(rows=1, cols=2, subplot_titles=("before", "after"))
