@@ -155,12 +155,12 @@ def explorer(schedules: dict, ps=(2, 4, 8), ms=(1, 2, 4, 8, 16), start=(0, 0),
                     args=[{"visible": _visible(views[0][0], n)},
                           {"sliders": [slider], **_title(views[0][1]), **_y_axis(p)}])
                for (name, p, views), slider in zip(groups, sliders)]
+    shown, (title, subtitle), _ = groups[g][2][k]
     for i, trace in enumerate(fig.data):
-        trace.visible = i in groups[g][2][k][0]
-    fig.update_layout(
-        title=dict(text=groups[g][2][k][1][0], subtitle_text=groups[g][2][k][1][1], x=0,
-                   xanchor="left"), barmode="overlay",
-        height=500, margin=dict(t=110), sliders=[dict(sliders[g], active=k)],
+        trace.visible = i in shown
+    fig.update_layout(  # plots.top_margin makes room for the title and the menu
+        title=dict(text=title, subtitle_text=subtitle, x=0, xanchor="left"), barmode="overlay",
+        height=500, sliders=[dict(sliders[g], active=k)],
         uniformtext=dict(minsize=9, mode="hide"),
         updatemenus=[dict(buttons=buttons, active=g, x=1, xanchor="right", y=1.02,
                           yanchor="bottom", direction="down")],
@@ -177,8 +177,8 @@ def _valid(fn, p, m, v):
 
 
 def _add_view(fig, fn, p, m, v, label, run=None):
-    """Two bar traces (forwards, backwards) of one ideal schedule: (their indices,
-    (title, subtitle), m)
+    """Two bar traces (forwards, backwards) of one ideal schedule:
+    (their indices, (title, subtitle), m).
 
     ``run``: the measured row of this configuration, if it was run."""
     events = ideal_events(fn, p, m, v, t_f=1.0 / p, t_b=2.0 / p)
