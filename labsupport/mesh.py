@@ -36,14 +36,14 @@ def grid_coords(rank, tp):
 
 
 def grid_ranks(dp, tp):
-    """The ranks of every tp group (the rows) and every dp group (the columns)."""
+    """The ranks of every tp group (rows) and every dp group (columns)."""
     rows = [list(range(i * tp, (i + 1) * tp)) for i in range(dp)]
     columns = [list(range(j, dp * tp, tp)) for j in range(tp)]
     return rows, columns
 
 
 def grid_groups(dp, tp):
-    """This rank's (tp_group, dp_group); every rank makes every group, in order."""
+    """This rank's (tp_group, dp_group); every rank makes all, in order."""
     if dist.get_world_size() != dp * tp:
         raise ValueError(f"a {dp} x {tp} grid needs {dp * tp} ranks, "
                          f"not {dist.get_world_size()}: start that many")
@@ -55,7 +55,7 @@ def grid_groups(dp, tp):
 
 
 def average_grads(model, dp_group):
-    """Every gradient averaged over ``dp_group`` (each rank saw 1/dp of the batch)."""
+    """Each gradient averaged over ``dp_group`` (each saw 1/dp of the batch)."""
     dp = dist.get_world_size(dp_group)
     for p in model.parameters():
         if p.grad is not None:
@@ -76,12 +76,14 @@ def hybrid_step(model, opt, ids, targets, dp_group):
 
 
 def train_device_mesh(cfg, batches, lr, dp, tp):
-    """K steps with init_device_mesh, parallelize_module on "tp", fully_shard on "dp".
-
-    Returns the full parameters (``DTensor.full_tensor``), the same on every rank.
+    """K steps on init_device_mesh's (dp, tp) mesh: DTensor TP on "tp", then
+    fully_shard on "dp". Returns the full parameters (``full_tensor``), the
+    same on every rank.
     """
-    # DTensor warns that gathering a (dp, tp)-sharded parameter takes two all-gathers
-    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    # DTensor warns that gathering a (dp, tp)-sharded parameter takes two
+    # all-gathers
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(
+        logging.ERROR)
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     model = parallelize_dtensor(models.GPT(cfg, seed=0), mesh["tp"])
     fully_shard(model, mesh=mesh["dp"])
