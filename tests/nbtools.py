@@ -95,11 +95,20 @@ def notebook_lesson(notebook: Path, tag: str) -> str:
 
 
 def definitions(source) -> dict:
-    """{name: its full source lines} of each top-level def or assignment."""
+    """{name: its full source lines} of each top-level def, class (decorators
+    included) or assignment; anything else in a lesson is an error."""
     lines = source.splitlines()
     found = {}
     for node in ast.parse(source).body:
-        name = node.name if isinstance(node, ast.FunctionDef) else node.targets[0].id
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            name = node.name
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            name = (node.targets[0] if isinstance(node, ast.Assign) else node.target).id
+            first = node.lineno
+        else:
+            raise AssertionError(f"line {node.lineno}: a lesson holds defs, classes and "
+                                 f"assignments only, not {type(node).__name__}")
         assert name not in found, f"{name} is defined twice"
-        found[name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
+        found[name] = "\n".join(lines[first - 1:node.end_lineno])
     return found

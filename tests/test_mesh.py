@@ -7,7 +7,6 @@ each rank's collectives use; the bytes per group against the formula; the
 your-turn checks with right and wrong answers; the notebook's copy of the
 lesson being the package's, character for character.
 """
-import ast
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch.distributed as dist
 
 import labsupport as ls
 from labsupport import memory, mesh, models
-from nbtools import notebook_lesson, package_lesson
+from nbtools import definitions, notebook_lesson, package_lesson
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "08_device_mesh.ipynb"
 LESSON_TAG = "mesh-lesson"
@@ -154,22 +153,13 @@ def test_average_check_names_the_mistake(cluster, wrong, message):
 
 # -- the notebook's copy of the lesson is the package's ---------------------------
 
-def _definitions(source):
-    lines = source.splitlines()
-    found = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            assert node.name not in found, f"{node.name} is defined twice"
-            found[node.name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
-    return found
-
 
 def _package_lesson():
-    return _definitions(package_lesson(mesh))
+    return definitions(package_lesson(mesh))
 
 
 def _notebook_lesson():
-    return _definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
+    return definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
 
 
 def test_the_notebook_shows_every_definition_of_the_package():

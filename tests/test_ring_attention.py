@@ -9,7 +9,6 @@ attention sends; the score blocks it computes per rank; the errors for bad
 input; and the notebook's copy of the code being the package's, character
 for character.
 """
-import ast
 import inspect
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 import labsupport as ls
 from labsupport import ring_attention as ra, traffic
 from labsupport.timeline import Timeline
-from nbtools import notebook_lesson, package_lesson
+from nbtools import definitions, notebook_lesson, package_lesson
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "06_context_parallel.ipynb"
 LESSON_TAG = "cp-lesson"
@@ -123,23 +122,13 @@ def test_lse_merge_of_two_halves_is_the_whole_softmax():
 
 # -- the notebook's copy of the lesson is the package's ---------------------------
 
-def _definitions(source):
-    """{name: its full source lines} of each top-level def, class or assignment."""
-    lines = source.splitlines()
-    found = {}
-    for node in ast.parse(source).body:
-        name = getattr(node, "name", None) or node.targets[0].id
-        assert name not in found, f"{name} is defined twice"
-        found[name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
-    return found
-
 
 def _package_lesson():
-    return _definitions(package_lesson(ra))
+    return definitions(package_lesson(ra))
 
 
 def _notebook_lesson():
-    return _definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
+    return definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
 
 
 def test_the_notebook_shows_every_definition_of_the_package():

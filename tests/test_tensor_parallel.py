@@ -8,7 +8,6 @@ collectives each layer issues, forward and backward; the layers inside a
 sub-group (as chapter 8 runs them); errors for sizes t does not divide; and
 the notebook's copy of the lesson being the package's, character for character.
 """
-import ast
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import labsupport as ls
 from labsupport import models
 from labsupport import tensor_parallel as tp
 from labsupport import tp_gpt, tp_probe
-from nbtools import notebook_lesson, package_lesson
+from nbtools import definitions, notebook_lesson, package_lesson
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "04_tensor_parallel.ipynb"
 LESSON_TAG = "tp-lesson"
@@ -203,24 +202,13 @@ def test_sizes_that_t_does_not_divide_are_refused(cluster, cfg, sp, match):
 
 # -- the notebook's copy of the lesson is the package's ---------------------------
 
-def _definitions(source):
-    """{name: its full source lines} of each top-level def or class."""
-    lines = source.splitlines()
-    found = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            assert node.name not in found, f"{node.name} is defined twice"
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            found[node.name] = "\n".join(lines[first - 1:node.end_lineno])
-    return found
-
 
 def _package_lesson():
-    return _definitions(package_lesson(tp))
+    return definitions(package_lesson(tp))
 
 
 def _notebook_lesson():
-    return _definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
+    return definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
 
 
 def test_the_notebook_shows_every_definition_of_the_package():
