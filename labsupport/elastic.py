@@ -7,9 +7,10 @@
 Each agent is ``python -m torch.distributed.run`` (torchrun) with
 ``--nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:<free port>``:
 agent 0 hosts the rendezvous store (``is_host=true``), as the head node of a
-real job would, and agent 1 joins it. Every socket is on the loopback
-interface (``--local-addr``, ``GLOO_SOCKET_IFNAME=lo``); the port is
-picked free, never fixed. The run has a deadline; whatever happens (an
+real job would, and agent 1 joins it. Every connection goes over loopback
+(``--local-addr``, ``GLOO_SOCKET_IFNAME=lo``); the port is picked free,
+never fixed. (torch's ``TCPStore``, which hosts the rendezvous, takes no
+address to bind: it listens on every interface while the job runs.) The run has a deadline; whatever happens (an
 error, the deadline, an interrupt), both agents and every worker they
 started are stopped before this returns or raises: SIGTERM first (an agent
 then stops its own workers), SIGKILL after ``STOP_WAIT`` seconds, workers
@@ -22,6 +23,8 @@ import socket
 import subprocess
 import sys
 import time
+
+from labsupport.launch.limits import cpu_count
 
 STOP_WAIT = 5.0      # s: for an agent to stop its workers after SIGTERM
 TAIL = 3000          # characters of an agent's log shown when it fails
@@ -58,9 +61,7 @@ def run_two_nodes(program: list, workdir: str, *, nproc_per_node=1, max_restarts
     as a two-node job; its agents' logs go to ``workdir``. Raises RuntimeError if an
     agent fails, TimeoutError at the deadline; never leaves a process behind."""
     port, procs, logs = free_port(), [], []
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo",
-               OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PYTHONPATH=os.pathsep.join(
-                   filter(None, [_package_parent(), os.environ.get("PYTHONPATH")])))
+    env = _environment(2 * nproc_per_node)
     t0 = time.monotonic()
     try:
         for node in (0, 1):
@@ -81,6 +82,17 @@ def run_two_nodes(program: list, workdir: str, *, nproc_per_node=1, max_restarts
     if any(codes):
         raise RuntimeError(f"torchrun agents exited with codes {codes}.\n{_tails(texts)}")
     return TwoNodeRun(codes, seconds, texts)
+
+
+def _environment(workers: int) -> dict:
+    """The agents' environment: loopback only; each attempt's workers their own store
+    (a store shared across restarts hands restarted workers stale addresses: pytorch
+    #135712); the CPU threads labsupport gives each of ``workers`` ranks on this machine
+    (the same numerics as ``ls.run``); this copy of labsupport importable."""
+    path = os.pathsep.join(filter(None, [_package_parent(), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo",
+                TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PYTHONPATH=path,
+                OMP_NUM_THREADS=str(max(1, cpu_count() // workers)))
 
 
 def _wait(proc, deadline):

@@ -1,7 +1,8 @@
 """Chapter 10's resumable training: chapter 7's ZeRO-3 decoder with its whole training state.
 
     recipe = Recipe(hidden=63, layers=4)              # sizes, data, optimizer
-    records = train(recipe, root, steps=8, every=2)   # on every rank (ls.run or torchrun)
+    records = train(recipe, root, 8, 2, training_state, restore_training_state)
+    # on every rank (ls.run or torchrun): 8 steps in all, a checkpoint every 2
 
 ``train`` resumes from the newest complete checkpoint under ``root`` (if
 any), takes ``steps`` steps in all, and saves a sharded checkpoint

@@ -186,7 +186,7 @@ def latest_checkpoint(root):
 
 
 def unit_layout(model) -> dict:
-    """{"unit<i>": [[name, shape], ...]}: the parameters each flat unit of a Zero3 holds, in order."""
+    """{"unit<i>": [[name, shape], ...]}: each flat unit's parameters, in order (a Zero3)."""
     names = {p: n for n, p in model.module.named_parameters()}
     return {f"unit{i}": [[names[p], list(p.shape)] for p in flat.params]
             for i, flat in enumerate(model.flats)}
