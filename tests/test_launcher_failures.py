@@ -4,7 +4,6 @@ Run: .venv/bin/python -m pytest tests/test_launcher_failures.py
 """
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -112,6 +111,7 @@ def test_a_rank_that_dies_is_reported_with_its_exit_status(cluster, how, status)
 
 
 def test_a_rank_killed_from_outside_is_reported_and_the_next_run_works(cluster):
+    import threading  # (imported here: the tests above check their own line numbers)
     victim = cluster.pids[1]
     threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()
     t0 = time.monotonic()
