@@ -105,7 +105,21 @@ def test_a_rank_that_dies_is_reported_with_its_exit_status(cluster, how, status)
         cluster.run(die_on_rank_2)
     if "SIGSEGV" in status:  # faulthandler's report from the dead rank is in the error
         assert "Segmentation fault" in str(info.value)
+    else:                     # nothing on stderr: the report says so, not an empty section
+        assert "--- rank 2 ---\n(it wrote nothing to stderr before it died)" in str(info.value)
     assert cluster.run(lambda: dist.get_world_size()) == [4] * 4
+
+
+def test_a_rank_killed_from_outside_is_reported_and_the_next_run_works(cluster):
+    import threading  # (imported here: the tests above check their own line numbers)
+    victim = cluster.pids[1]
+    threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()
+    t0 = time.monotonic()
+    with pytest.raises(ls.RankError, match=r"rank 1 died \(signal SIGKILL\)"):
+        cluster.run(lambda: time.sleep(30) if dist.get_rank() == 1 else dist.barrier())
+    assert time.monotonic() - t0 < 5.0      # the survivors' connection errors, then GRACE
+    assert cluster.run(lambda: dist.get_world_size()) == [4] * 4
+    assert victim not in cluster.pids
 
 
 def test_a_hang_ends_at_the_deadline_with_each_stuck_ranks_stack(cluster):

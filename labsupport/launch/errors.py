@@ -86,8 +86,8 @@ def _ranks(ranks) -> str:
 
 def format_failure(failure: dict) -> str:
     """The remote traceback of one rank, in Python's usual layout."""
-    if "died" in failure:
-        return failure.get("tail", "")
+    if "died" in failure:  # its last stderr (a segfault's traceback), or say there is none
+        return failure.get("tail") or "(it wrote nothing to stderr before it died)"
     return "".join(_format_chain(failure))
 
 
