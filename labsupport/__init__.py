@@ -23,8 +23,8 @@ __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "current", "devi
 # ``import labsupport`` stays light (it does not import torch by itself).
 _SUBMODULES = {"bench", "bubbles", "chapter_checks", "checkpointing", "ddp", "ddp_probe",
                "diagrams", "doctor", "grading", "memory", "memory_calc", "mesh", "models",
-               "pipeline", "pipeline_sim", "planner", "plots", "profiling", "ring",
-               "ring_attention", "sharded_optimizer", "sweep", "tensor_parallel",
+               "overlap", "pipeline", "pipeline_sim", "planner", "plots", "profiling",
+               "ring", "ring_attention", "sharded_optimizer", "sweep", "tensor_parallel",
                "timeline", "tp_gpt", "tp_probe", "traffic", "your_turn", "zero"}
 
 

@@ -1,0 +1,236 @@
+"""Time beside bytes: when does a step's communication hide behind its compute?
+
+    hw = overlap.HARDWARE["H100"]                 # cited peak numbers
+    overlap.dp_min_tokens(hw, n=8)                # ~1,925 tokens per GPU (2,200 as n grows)
+    link = overlap.Link.fit(rows)                 # this machine: α, β from a sweep
+    flops = overlap.matmul_flops(256, 256, 256)   # this machine: FLOP/s, measured
+    x = overlap.crossing(compute_s, comm_s, lo, hi)       # where two models meet
+    x = overlap.measured_crossing(sizes, compute, comm)   # where two measured curves meet
+    overlap.figure(sizes, compute, comm, ...)     # the chapters' time-beside-bytes plot
+
+Every technique sets two times side by side: compute, FLOPs / FLOP/s, and
+communication, the α-β model of chapter 2, α + bytes / β. Communication
+can hide behind compute (overlap) only where it is the shorter of the two,
+so the interesting number is the size at which they are equal: the
+*crossing*. The conditions below are those of the Ultra-Scale Playbook's
+appendix A3 ("Math for compute/communication overlap", Tazi et al. 2025,
+huggingface.co/spaces/nanotron/ultrascale-playbook) and of "How to Scale
+Your Model", chapter "How to Think About GPUs" (Austin et al. 2025,
+jax-ml.github.io/scaling-book/gpus), written with the element size ``e``
+(bytes) explicit and with the ring's (n-1)/n kept, which both sources drop
+for large n. Each returns the crossing size: communication-bound below it
+(above it, for the TP degree), compute-bound beyond.
+"""
+import dataclasses
+import math
+import statistics
+import time
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """Peak numbers of one accelerator: dense bf16 FLOP/s, bytes/s out of one GPU."""
+    name: str
+    flops: float        # dense bf16 matmul FLOP/s
+    intra_bw: float     # one GPU's egress inside its node (NVLink), bytes/s
+    inter_bw: float     # one GPU's share of its node's egress (InfiniBand), bytes/s
+    gpus_per_node: int
+    source: str
+
+
+_SCALING_BOOK = "How to Scale Your Model, 'How to Think About GPUs' (Austin et al. 2025)"
+HARDWARE = {
+    # 990e12 bf16 FLOP/s; 18 NVLink 4 links x 25 GB/s = 450 GB/s per GPU; 400 GB/s
+    # of InfiniBand per 8-GPU node (the chapter's tables and rooflines).
+    "H100": Hardware("H100 SXM", 990e12, 450e9, 400e9 / 8, 8, _SCALING_BOOK),
+    # 2250e12 bf16 FLOP/s; NVLink 5, 18 x 50 GB/s = 900 GB/s; 400 GB/s per node.
+    "B200": Hardware("B200", 2250e12, 900e9, 400e9 / 8, 8, _SCALING_BOOK),
+}
+
+
+def bandwidth(hw: Hardware, inside_node: bool = True) -> float:
+    return hw.intra_bw if inside_node else hw.inter_bw
+
+
+def ring(n: int) -> float:
+    """(n-1)/n: the share of a buffer each rank sends in a ring reduce-scatter or all-gather."""
+    if n < 1:
+        raise ValueError(f"n={n}: a group has at least one rank")
+    return (n - 1) / n
+
+
+# -- the crossing sizes, one per technique (formulas: see each docstring) ---------
+
+def dp_min_tokens(hw, n, grad_bytes=2, inside_node=True) -> float:
+    """Tokens per GPU above which the backward (4·T·Ψ FLOPs) outlasts the gradients'
+    all-reduce (2·(n-1)/n·Ψ·g bytes): T* = (n-1)/n · g/2 · C/W (Playbook A3;
+    How to Scale Your Model's T > C/W, about 2,200 inside an H100 node)."""
+    return ring(n) * grad_bytes / 2 * hw.flops / bandwidth(hw, inside_node)
+
+
+def zero3_min_tokens(hw, n, param_bytes=2, inside_node=True) -> float:
+    """Tokens per GPU above which a unit's forward (2·T·P FLOPs) outlasts the
+    all-gather of its P parameters ((n-1)/n·P·e bytes), so prefetching the next
+    unit's gather hides it: T* = (n-1)/n · e/2 · C/W (Playbook A3, ZeRO-3)."""
+    return ring(n) * param_bytes / 2 * hw.flops / bandwidth(hw, inside_node)
+
+
+def tp_max_degree(hw, ffn, act_bytes=2, inside_node=True) -> float:
+    """The TP degree t below which an MLP's matmuls (4·T·h·F/t FLOPs) outlast its
+    all-gather and reduce-scatter (2·(t-1)/t·T·h·e bytes): t* = 1 + 2·F·W/(e·C)
+    (How to Scale Your Model: t < F·W/C, about F/2,200 in an H100 node)."""
+    return 1 + 2 * ffn * bandwidth(hw, inside_node) / (act_bytes * hw.flops)
+
+
+def cp_min_block(hw, act_bytes=2, inside_node=True) -> float:
+    """Tokens per ring-attention block above which one step's attention (4·c²·h
+    FLOPs for QKᵀ and PV) outlasts passing K and V on (2·c·h·e bytes):
+    c* = e/2 · C/W (Liu et al. 2023, Ring Attention, arXiv 2310.01889, §3)."""
+    return act_bytes / 2 * hw.flops / bandwidth(hw, inside_node)
+
+
+def pp_min_hidden(hw, layers_per_stage, act_bytes=2, inside_node=True) -> float:
+    """Hidden size above which a stage's forward (24·T·h²·L FLOPs, 12h² per layer)
+    outlasts sending its output (T·h·e bytes): h* = e·C/(24·L·W) (Playbook A3)."""
+    return act_bytes * hw.flops / (24 * layers_per_stage * bandwidth(hw, inside_node))
+
+
+def ep_min_ffn(hw, n, act_bytes=2, inside_node=True) -> float:
+    """Expert hidden size above which the experts' forward matmuls (4·T·k·h·F
+    FLOPs on a rank's share of T·k routed tokens) outlast dispatching those
+    tokens and combining them back (2·(n-1)/n·T·k·h·e bytes):
+    F* = (n-1)/n · e/2 · C/W (How to Scale Your Model, expert parallelism,
+    for a balanced router inside one node)."""
+    return ring(n) * act_bytes / 2 * hw.flops / bandwidth(hw, inside_node)
+
+
+# -- FLOPs of the shared decoder ----------------------------------------------------
+
+def decoder_flops(tokens, seq, layers, hidden, vocab, ffn=None, backward=True) -> float:
+    """FLOPs of ``labsupport.models.GPT`` on ``tokens`` tokens of sequences of ``seq``.
+
+    Forward: 2 FLOPs per multiply-add of every matmul, 2·(4h² + 2hF)·L per
+    token in the layers plus 2·h·V in the LM head, and attention's QKᵀ and PV,
+    2·2·s·h per token per layer (the full s×s scores: what SDPA computes on
+    the CPU; causal kernels skip about half). A training step is forward plus
+    backward, 3x the forward (Kaplan et al. 2020, arXiv 2001.08361, §2.1;
+    Narayanan et al. 2021, arXiv 2104.04473, appendix).
+    """
+    ffn = ffn or 4 * hidden
+    per_token = 2 * layers * (4 * hidden**2 + 2 * hidden * ffn + 2 * seq * hidden)
+    per_token += 2 * hidden * vocab
+    return (3 if backward else 1) * tokens * per_token
+
+
+# -- this machine: measured FLOP/s and link ---------------------------------------
+
+def timed(fn, repeats=5, warmup=1) -> float:
+    """Median seconds of ``fn()``; on a GPU the queued work is waited for."""
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_flops(m, k, n, dtype=None, device="cpu", repeats=5) -> float:
+    """FLOP/s of an (m, k) @ (k, n) matmul here, 2·m·k·n FLOPs per product."""
+    import torch
+
+    a = torch.randn(m, k, dtype=dtype or torch.float32, device=device)
+    b = torch.randn(k, n, dtype=dtype or torch.float32, device=device)
+    return 2 * m * k * n / timed(lambda: a @ b, repeats)
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """t(S) = α + S/β for one collective at one world size (Hockney's α-β model)."""
+    alpha: float    # seconds
+    beta: float     # bytes/s of the buffer S (algbw at large S), not busbw
+
+    @classmethod
+    def fit(cls, rows):
+        """From ``sweep.run`` rows of one op (``sweep.fit_alpha_beta``)."""
+        from labsupport.sweep import fit_alpha_beta
+
+        if len({(r.label, r.world_size) for r in rows}) != 1:
+            raise ValueError("fit one op at one world size at a time (filter the rows)")
+        return cls(*fit_alpha_beta([r.nbytes for r in rows], [r.seconds for r in rows]))
+
+    def seconds(self, nbytes):
+        return self.alpha + nbytes / self.beta
+
+
+# -- crossings ----------------------------------------------------------------------
+
+def crossing(first, second, lo, hi, steps=80):
+    """The size x in [lo, hi] where first(x) = second(x), by bisection on log x;
+    None if their difference has the same sign at both ends."""
+    if not 0 < lo < hi:
+        raise ValueError(f"need 0 < lo < hi, got lo={lo}, hi={hi}")
+    diff = lambda x: first(x) - second(x)  # noqa: E731
+    if diff(lo) == 0:
+        return lo
+    if (diff(lo) > 0) == (diff(hi) > 0):
+        return None
+    a, b = math.log(lo), math.log(hi)
+    for _ in range(steps):
+        mid = (a + b) / 2
+        if (diff(math.exp(mid)) > 0) == (diff(lo) > 0):
+            a = mid
+        else:
+            b = mid
+    return math.exp((a + b) / 2)
+
+
+def measured_crossing(sizes, first, second):
+    """Where two measured curves first cross, interpolated linearly in log-log
+    between the two sizes around the sign change; None if they never cross."""
+    if not len(sizes) == len(first) == len(second) >= 2:
+        raise ValueError("need sizes and two curves of the same length, at least 2")
+    points = sorted(zip(sizes, first, second))
+    for (x0, a0, b0), (x1, a1, b1) in zip(points, points[1:]):
+        d0, d1 = math.log(a0 / b0), math.log(a1 / b1)
+        if d0 == 0:
+            return x0
+        if (d0 > 0) != (d1 > 0):
+            w = d0 / (d0 - d1)
+            return math.exp(math.log(x0) + w * (math.log(x1) - math.log(x0)))
+    return None
+
+
+# -- the chapters' plot --------------------------------------------------------------
+
+def figure(sizes, compute, comm, *, title, size_label, model=None, crossings=None):
+    """Measured compute and communication times against size (log-log), with the
+    model's lines (``model``: {"compute": [...], "comm": [...]} at ``sizes``) and
+    vertical lines at the crossings ({"measured": x, "formula": x})."""
+    import plotly.graph_objects as go
+
+    from labsupport.plots import PALETTE
+
+    fig = go.Figure()
+    for name, ys, colour in (("compute", compute, 0), ("communication", comm, 1)):
+        fig.add_scatter(x=list(sizes), y=[y * 1e3 for y in ys], mode="markers+lines",
+                        name=f"{name}, measured", marker_color=PALETTE[colour])
+    for key, colour in (("compute", 0), ("comm", 1)):
+        if model and key in model:
+            fig.add_scatter(x=list(sizes), y=[y * 1e3 for y in model[key]], mode="lines",
+                            name=f"{'compute' if key == 'compute' else 'communication'}, "
+                                 "formula", line=dict(color=PALETTE[colour], dash="dot"))
+    for (label, x), dash in zip((crossings or {}).items(), ("solid", "dash")):
+        if x is not None:
+            fig.add_vline(x=x, line=dict(color=PALETTE[7], dash=dash, width=1),
+                          annotation_text=f"{label}: {x:.3g}",
+                          annotation_position="top left" if dash == "solid" else "bottom right")
+    fig.update_layout(title=title, xaxis=dict(type="log", title=size_label),
+                      yaxis=dict(type="log", title="time (ms)"), height=420)
+    return fig
