@@ -17,7 +17,6 @@ The code between the marker lines is chapter 9's, character for character
 (tests/test_moe.py); the shared decoder (``models.GPTConfig(moe_experts=...)``)
 and the benchmark use it.
 """
-import copy
 import math
 
 import torch
@@ -263,10 +262,11 @@ class ExpertParallelMoE(nn.Module):
         mine = slice(rank * num_experts // world_size,
                      (rank + 1) * num_experts // world_size)
         _, ffn, hidden = moe.experts.w1.shape
-        self.router = copy.deepcopy(moe.router)              # replicated
-        self.experts = Experts(mine.stop - mine.start, hidden, ffn).to(
-            moe.experts.w1)
-        with torch.no_grad():                                # my E/N experts
+        self.router = nn.Linear(hidden, num_experts, bias=False)
+        self.experts = Experts(mine.stop - mine.start, hidden, ffn)
+        self.to(moe.experts.w1)                              # dtype, device
+        with torch.no_grad():          # the router replicated, my E/N experts
+            self.router.weight.copy_(moe.router.weight)
             self.experts.w1.copy_(moe.experts.w1[mine])
             self.experts.w2.copy_(moe.experts.w2[mine])
         self.top_k, self.capacity_factor = moe.top_k, moe.capacity_factor
