@@ -83,7 +83,12 @@ def step_times(tokens, hidden, experts, top_k, repeats):
 
 
 def train_imbalance(aux_coef, steps, seed=0):
-    """Busiest expert's rows over the mean, last quarter of ``steps`` (both blocks)."""
+    """Busiest expert's rows over the mean, last quarter of ``steps`` (both blocks).
+
+    One thread: the decoder's ops are tiny, and on a loaded machine a second
+    thread mostly waits for the first (and the numerics stay the same anywhere).
+    """
+    torch.set_num_threads(1)
     cfg = models.GPTConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2,
                            moe_experts=8, moe_top_k=2, moe_aux_coef=aux_coef)
     model = models.GPT(cfg, seed=seed)
