@@ -71,16 +71,28 @@ class GPTConfig:
     ffn: int = 0               # the MLP's inner width; 0 means 4h
     dropout: float = 0.0       # after attention probabilities and each residual branch
     tie_weights: bool = True   # the LM head reuses the token embedding (as GPT-2)
+    moe_experts: int = 0       # E > 0: mixture-of-experts MLPs (chapter 9); 0: dense
+    moe_top_k: int = 2         # k experts per token
+    moe_every: int = 1         # an MoE MLP in blocks moe_every-1, 2*moe_every-1, ...
+    moe_capacity: float | None = None  # capacity factor C; None: drop nothing
+    moe_aux_coef: float = 0.01  # weight of the load-balancing loss (Switch: 1e-2)
 
     def __post_init__(self):
         if min(self.vocab_size, self.seq_len, self.hidden, self.heads, self.layers) < 1:
             raise ValueError(f"GPTConfig needs positive sizes, got {self}")
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} must be divisible by heads={self.heads}")
+        if self.moe_experts < 0 or self.moe_every < 1:
+            raise ValueError(f"moe_experts={self.moe_experts} must be >= 0 (0: dense) and "
+                             f"moe_every={self.moe_every} >= 1")
 
     @property
     def ffn_hidden(self) -> int:
         return self.ffn or 4 * self.hidden
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether block ``layer`` (0-based) has a mixture-of-experts MLP."""
+        return self.moe_experts > 0 and (layer + 1) % self.moe_every == 0
 
 
 class CausalSelfAttention(nn.Module):
@@ -122,17 +134,27 @@ class MLP(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """Pre-LayerNorm block: x + drop(attn(ln1(x))), then x + drop(mlp(ln2(x)))."""
+    """Pre-LayerNorm block: x + drop(attn(ln1(x))), then x + drop(mlp(ln2(x))).
 
-    def __init__(self, cfg: GPTConfig):
+    The MLP is ``labsupport.moe.MoE`` in the blocks ``cfg.is_moe(layer)`` names.
+    """
+
+    def __init__(self, cfg: GPTConfig, layer: int = 0):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(cfg.hidden), nn.LayerNorm(cfg.hidden)
-        self.attn, self.mlp = CausalSelfAttention(cfg), MLP(cfg)
+        self.attn, self.mlp = CausalSelfAttention(cfg), _mlp(cfg, layer)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):                                     # (b, s, h)
         x = x + self.dropout(self.attn(self.ln1(x)))
         return x + self.dropout(self.mlp(self.ln2(x)))
+
+
+def _mlp(cfg: GPTConfig, layer: int) -> nn.Module:
+    if not cfg.is_moe(layer):
+        return MLP(cfg)
+    from labsupport.moe import MoE
+    return MoE(cfg.hidden, cfg.ffn_hidden, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity)
 
 
 class GPT(nn.Module):
@@ -142,7 +164,8 @@ class GPT(nn.Module):
     LayerNorm and an LM head (tied to the token embedding by default). Built
     under ``seed``, so every rank and the single-process reference hold the
     same weights. ``model(ids)`` gives logits (b, s, V); ``model(ids, targets)``
-    the mean cross-entropy.
+    the mean cross-entropy, plus ``cfg.moe_aux_coef`` times the MoE blocks'
+    load-balancing losses when the config has experts.
     """
 
     def __init__(self, cfg: GPTConfig = GPTConfig(), seed: int = 0):
@@ -151,7 +174,7 @@ class GPT(nn.Module):
         with seeded(seed):
             self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden)
             self.pos = nn.Embedding(cfg.seq_len, cfg.hidden)
-            self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.layers))
+            self.blocks = nn.ModuleList(DecoderBlock(cfg, i) for i in range(cfg.layers))
             self.ln_f = nn.LayerNorm(cfg.hidden)
             self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
@@ -168,7 +191,9 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))                   # (b, s, V)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        aux = [b.mlp.aux_loss for b in self.blocks if hasattr(b.mlp, "aux_loss")]
+        return loss + self.cfg.moe_aux_coef * sum(aux) if aux else loss
 
 
 def toy_tokens(batch=8, seq_len=64, vocab_size=256, seed=0):

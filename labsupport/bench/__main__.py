@@ -9,6 +9,7 @@
     python -m labsupport.bench ring_attention # chapter 6's ring: overlap, causal imbalance, vs SDPA
     python -m labsupport.bench tp             # chapter 4's tensor parallelism vs DTensor
     python -m labsupport.bench zero           # chapter 7's memory vs formula, ZeRO-3 vs FSDP2
+    python -m labsupport.bench moe            # chapter 9's all-to-all bytes, vs torch's, balance
     python -m labsupport.bench checkpoint     # chapter 10: shard bytes, reshard, resume, async, 2 nodes
     python -m labsupport.bench <name> --help
 """
@@ -25,6 +26,7 @@ BENCHMARKS = {
     "ring_attention": "labsupport.bench.ring_attention",
     "tp": "labsupport.bench.tp",
     "zero": "labsupport.bench.zero",
+    "moe": "labsupport.bench.moe",
     "checkpoint": "labsupport.bench.checkpoint",
 }
 

@@ -22,8 +22,8 @@ __all__ = ["SIZES", "TIMEOUT", "WORLD_SIZES", "assert_rules", "check_all_gather"
 
 # The checks of later assignments and chapters' your-turn cells, reached as
 # ``ls.grading.<name>`` and imported on first use (they import torch's extras).
-_CHECKS = {"memory", "mesh", "rabenseifner", "reshard_to_tensor_parallel", "ring_attention",
-           "xent", "zero", "zero_bubble"}
+_CHECKS = {"memory", "mesh", "padded_expert_dispatch", "rabenseifner",
+           "reshard_to_tensor_parallel", "ring_attention", "xent", "zero", "zero_bubble"}
 
 
 def __getattr__(name):
