@@ -23,7 +23,7 @@ __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "current", "devi
 # ``import labsupport`` stays light (it does not import torch by itself).
 _SUBMODULES = {"bench", "bubbles", "chapter_checks", "checkpointing", "ddp", "ddp_probe",
                "diagrams", "doctor", "elastic", "grading", "memory", "memory_calc", "mesh",
-               "models", "overlap", "pipeline", "pipeline_sim", "planner", "plots",
+               "models", "moe", "overlap", "pipeline", "pipeline_sim", "planner", "plots",
                "profiling", "resumable", "ring", "ring_attention", "sharded_checkpoint",
                "sharded_optimizer", "sweep", "tensor_parallel", "timeline", "tp_gpt",
                "tp_probe", "traffic", "your_turn", "zero"}
