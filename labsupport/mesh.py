@@ -29,7 +29,7 @@ from labsupport.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
 from labsupport.tp_gpt import TensorParallelGPT
 
 
-# --- lesson: the chapter's code, copied from notebooks/08_device_mesh.ipynb ---
+# --- lesson: notebooks/08_device_mesh.ipynb (the notebook's copy must match) ---
 def grid_coords(rank, tp):
     """(dp_rank, tp_rank) of ``rank``: rows of ``tp`` consecutive ranks."""
     return rank // tp, rank % tp
