@@ -22,7 +22,8 @@ __all__ = ["SIZES", "TIMEOUT", "WORLD_SIZES", "assert_rules", "check_all_gather"
 
 # The checks of later assignments and chapters' your-turn cells, reached as
 # ``ls.grading.<name>`` and imported on first use (they import torch's extras).
-_CHECKS = {"memory", "mesh", "rabenseifner", "ring_attention", "xent", "zero", "zero_bubble"}
+_CHECKS = {"memory", "mesh", "rabenseifner_allreduce", "vocab_parallel_xent", "zero2_overlap",
+           "zero_bubble_pipeline", "zigzag_ring_attention"}
 
 
 def __getattr__(name):
