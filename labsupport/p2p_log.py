@@ -78,7 +78,7 @@ class Recorder:
         if call["kind"] == "p2p" and tensor is not None:
             call["what"] = describe_tensor(tensor, self.buffer, dist.get_world_size())
         self.write(ev="start", id=call["id"], op=call["op"], peer=call["peer"],
-                   what=call.get("what", ""))
+                   what=call.get("what", ""), ranks=call["ranks"])
 
     @property
     def collectives(self) -> dict:

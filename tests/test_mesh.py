@@ -79,7 +79,8 @@ def test_each_rank_talks_only_to_its_row_and_column(grid_run):
     rows, columns = mesh.grid_ranks(DP, TP)
     for rank, (_, log, _) in enumerate(grid_run):
         dp_rank, tp_rank = mesh.grid_coords(rank, TP)
-        assert {c["ranks"] for c in log} == {tuple(rows[dp_rank]), tuple(columns[tp_rank])}
+        assert {c["ranks"] for c in log.calls} == {tuple(rows[dp_rank]),
+                                                  tuple(columns[tp_rank])}
 
 
 def test_bytes_per_group_match_the_formula(grid_run):
@@ -87,7 +88,7 @@ def test_bytes_per_group_match_the_formula(grid_run):
     tp_bytes = ((4 * CFG.layers + 2) * b * s * h + b * s * v) * 4   # fp32
     for rank, (params, log, local) in enumerate(grid_run):
         dp_rank, tp_rank = mesh.grid_coords(rank, TP)
-        by_group = mesh.bytes_by_group(log)
+        by_group = log.bytes_by_group()
         row, column = mesh.grid_ranks(DP, TP)[0][dp_rank], mesh.grid_ranks(DP, TP)[1][tp_rank]
         assert by_group[tuple(row)] == STEPS * tp_bytes
         assert by_group[tuple(column)] == STEPS * local
