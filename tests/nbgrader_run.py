@@ -130,15 +130,17 @@ def assert_exported_totals(graded: dict, cells: dict, failed: dict, expected: di
         rows = {row["student_id"]: row for row in csv.DictReader(f)}
     totals = {s: sum(p for c, p in cells.items() if c not in failed[s]) for s in failed}
     assert totals == expected, "the table of failed cells and the expected totals disagree"
-    assert {s: float(rows[s]["score"]) for s in failed} == expected
+    exported = {s: float(rows[s]["score"]) for s in failed}
+    assert exported == expected, f"exported {exported}, expected {expected}"
     assert {float(rows[s]["max_score"]) for s in failed} == {sum(cells.values())}
 
 
 def assert_cell_scores(graded: dict, student: str, cells: dict, failed: dict) -> dict:
     """Each graded cell scores 0 where ``failed[student]`` names it, and its error then
     contains the message named there; full points elsewhere. Returns the cells' errors."""
-    assert scores(graded, student, cells) == {
-        name: 0 if name in failed[student] else points for name, points in cells.items()}
+    got = scores(graded, student, cells)
+    want = {name: 0 if name in failed[student] else points for name, points in cells.items()}
+    assert got == want, f"{student}: scored {got}, expected {want}"
     errs = errors(graded, student)
     for name, message in failed[student].items():
         text = errs[name.replace("_", "-")]

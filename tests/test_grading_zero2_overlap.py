@@ -1,4 +1,5 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_zero2_overlap.py   (add -m "not slow": ~1 min)
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_zero2_overlap.py
+# (add -m "not slow" for the checks alone, ~30 s)
 """Assignment 5 (ZeRO-2, bucketed reduce-scatter during backward): its checks, then nbgrader.
 
 Layer 1 (unit): labsupport.grading.zero2_overlap's checks pass the reference

@@ -33,7 +33,8 @@ def places(root: Path) -> dict:
 
 def copies(assignment: str) -> list[str]:
     """'<grade_id> in <where>' for each graded region found outside the source notebook."""
-    regions = [(gid, code) for gid, code in sources.solution_regions(sources.source_path(assignment))
+    regions = [(gid, code)
+               for gid, code in sources.solution_regions(sources.source_path(assignment))
                if sources.code_lines(code) >= MIN_LINES]
     return [f"the solution of {gid} ({sources.code_lines(code)} lines) in {where}"
             for where, text in places(ROOT).items() for gid, code in regions

@@ -246,7 +246,7 @@ def _bytes_hint(r, got, want, grid) -> str:
     return "Each gradient once each way: no collective twice, none left out."
 
 
-def check_memory(make_groups, cls, grids=GRIDS + ((1, 4),), *, timeout=None):
+def check_memory(make_groups, cls, grids=GRIDS, *, timeout=None):
     """Between steps a rank holds its parameter shards, Ψ'/S·8 bytes (plus at most its
     gradient shards): no full parameter, no full gradient."""
     for grid in grids:
