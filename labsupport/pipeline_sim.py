@@ -47,29 +47,28 @@ class OrderRecorder:
         self.ops.append(("W", s, i))
 
 
-class IncompleteSchedule(ValueError):
-    """A rank misses calls (``missing``) or makes some twice or for another stage (``extra``)."""
+def incomplete(rank, kinds, stages, m, missing, extra) -> ValueError:
+    """The error for a rank that misses calls or makes some twice or for another
+    stage; ``rank``, ``missing`` and ``extra`` ride along for callers that explain more."""
+    err = ValueError(f"rank {rank}'s schedule must run {' and '.join(kinds)} of each of "
+                     f"its stages {stages} for micro-batches 0..{m - 1} once each: "
+                     f"missing {missing[:4]}, repeated or foreign {extra[:4]}")
+    err.rank, err.missing, err.extra = rank, missing, extra
+    return err
 
-    def __init__(self, rank, kinds, stages, m, missing, extra):
-        self.rank, self.missing, self.extra = rank, missing, extra
-        super().__init__(f"rank {rank}'s schedule must run {' and '.join(kinds)} of each of "
-                         f"its stages {stages} for micro-batches 0..{m - 1} once each: "
-                         f"missing {missing[:4]}, repeated or foreign {extra[:4]}")
 
-
-class Deadlock(RuntimeError):
-    """Every rank that has calls left waits for one that no rank will make: ``stuck``
-    maps each such rank to that call; ``ops`` are the ranks' orders."""
-
-    def __init__(self, stuck: dict, ops: list):
-        self.stuck, self.ops = stuck, ops
-        super().__init__("deadlock: every rank waits for a call no rank will make: "
-                         + ", ".join(f"rank {r} at {op}" for r, op in stuck.items()))
+def deadlock(stuck: dict, ops: list) -> RuntimeError:
+    """The error for orders where every rank with calls left waits for a call no rank
+    will make; ``stuck`` {rank: that call} and ``ops`` (the orders) ride along."""
+    err = RuntimeError("deadlock: every rank waits for a call no rank will make: "
+                       + ", ".join(f"rank {r} at {op}" for r, op in stuck.items()))
+    err.stuck, err.ops = stuck, ops
+    return err
 
 
 def orders(schedule, p: int, m: int, v: int = 1, split: bool = False) -> list[list[tuple]]:
     """Each rank's calls, in order: ``[("F", stage, micro-batch), ("B", ...), ...]``
-    (and ``("W", ...)`` with ``split``); IncompleteSchedule if a rank misses one."""
+    (and ``("W", ...)`` with ``split``); ValueError (``incomplete``) if a rank misses one."""
     result = []
     for rank in range(p):
         recorder = OrderRecorder(rank, p, m, v, split)
@@ -87,7 +86,7 @@ def _check_complete(rec: OrderRecorder):
     if sorted(rec.ops) != want:
         missing = sorted(set(want) - set(rec.ops))
         extra = sorted({op for op in rec.ops if rec.ops.count(op) > 1 or op not in want})
-        raise IncompleteSchedule(rec.rank, kinds, list(mine), rec.m, missing, extra)
+        raise incomplete(rec.rank, kinds, list(mine), rec.m, missing, extra)
 
 
 def needs(op, num_stages) -> list[tuple]:
@@ -110,8 +109,8 @@ def ideal_events(schedule, p: int, m: int, v: int = 1, t_f: float = 1.0,
     A stage costs ``t_f / v`` forward and ``t_b / v`` backward (a rank's
     model is cut into v stages; with ``split``, B costs ``t_b / v`` and W
     ``t_w / v``), or ``durations[(kind, stage, mb)]`` seconds when given
-    (e.g. those of a real run); messages are free. Raises ``Deadlock``
-    naming the stuck calls if the ranks' orders deadlock.
+    (e.g. those of a real run); messages are free. Raises a RuntimeError
+    (``deadlock``) naming the stuck calls if the ranks' orders deadlock.
     """
     ops, n = orders(schedule, p, m, v, split), p * v
     unit = {"F": t_f, "B": t_b, "W": t_w}
@@ -128,7 +127,7 @@ def ideal_events(schedule, p: int, m: int, v: int = 1, t_f: float = 1.0,
                 tls[r].record("compute", kind, start, free[r], mb=i, stage=s)
                 pos[r], progressed = pos[r] + 1, True
         if not progressed:
-            raise Deadlock({r: ops[r][pos[r]] for r in range(p) if pos[r] < len(ops[r])}, ops)
+            raise deadlock({r: ops[r][pos[r]] for r in range(p) if pos[r] < len(ops[r])}, ops)
     return merge([tl.events for tl in tls])
 
 
