@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-# --- lesson: checkpointing (the notebook's copy must match) ---
+# --- lesson: notebooks/00_memory.ipynb (the notebook's copy must match) ---
 CALLS = collections.Counter()
 
 

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 
+# --- lesson: notebooks/03_data_parallel.ipynb (the notebook's copy must match) ---
 def broadcast_parameters(module):
     """Copy rank 0's parameters and buffers to every rank, in place.
 
@@ -169,3 +170,4 @@ class DataParallelBucket(DataParallelOverlap):
             for param, grad in zip(self.buckets[i], grads):
                 param.grad.copy_(grad.view_as(param))
         self.works.clear()
+# --- end of lesson ---

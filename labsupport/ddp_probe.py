@@ -24,8 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from labsupport import traffic
-from labsupport._patch import current, patched
+from labsupport import calls, traffic
 from labsupport.timeline import Timeline
 
 
@@ -33,7 +32,8 @@ class AllReduceLog:
     """The all-reduce calls of one ``watch_all_reduce`` block, in call order."""
 
     def __init__(self):
-        self.calls: list[dict] = []   # dicts: nbytes, start, end (None until completed)
+        self.calls: list[dict] = []   # labsupport.calls' dicts: nbytes, start, end (None
+        #                               until completed), ...
 
     @property
     def count(self) -> int:
@@ -53,32 +53,22 @@ def watch_all_reduce(timeline: Timeline | None = None):
     """Log every ``dist.all_reduce`` of this rank in the block (and draw it on ``timeline``).
 
     Calls made through the module (``dist.all_reduce(...)``), as the
-    hand-written versions and DDP's Python comm hooks do, are seen; DDP's
-    built-in all-reduce runs in C++ and is not.
+    hand-written versions and DDP's Python comm hooks do, are seen
+    (``labsupport.calls``, the one recorder); DDP's built-in all-reduce runs
+    in C++ and is not.
     """
-    log, original = AllReduceLog(), current("all_reduce")
+    log = AllReduceLog()
 
-    def watched(tensor, *args, **kwargs):
-        call = dict(nbytes=tensor.numel() * tensor.element_size(),
-                    start=time.perf_counter(), end=None)
-        log.calls.append(call)
-        work = original(tensor, *args, **kwargs)
-        if work is None:
-            _completed(call, timeline)
-        else:
-            work.get_future().then(lambda _: _completed(call, timeline))
-        return work
-
-    watched.__wrapped__ = original
-    with patched({"all_reduce": watched}):
+    def seen(event, call, tensor=None):
+        if call["op"] != "all_reduce":
+            return
+        if event == "start":
+            log.calls.append(call)
+        elif event == "end" and timeline is not None:
+            timeline.record("comm", "all-reduce", call["start"], call["end"],
+                            kib=call["nbytes"] / 1024)
+    with calls.record(seen):
         yield log
-
-
-def _completed(call: dict, timeline: Timeline | None):
-    call["end"] = time.perf_counter()
-    if timeline is not None:
-        timeline.record("comm", "all-reduce", call["start"], call["end"],
-                        kib=call["nbytes"] / 1024)
 
 
 class GradReadyProbe:

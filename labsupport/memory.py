@@ -135,8 +135,11 @@ class PeakTally(TorchDispatchMode):
     the caching allocator itself. Here every ATen operation is seen (below
     autograd, so backward, recomputation and the optimizer too): a storage an
     operation returns that no input shares is a new allocation, counted until
-    Python's weak reference to it says it was freed. The peak is taken
-    between operations, so a kernel's internal scratch space is not seen;
+    Python's weak reference to it says it was freed (a storage only C++ still
+    holds, in autograd's graph or a collective's work, is not freed yet). With
+    ``counting`` False, new storages are seen but not counted, until ``add``
+    counts them. The peak is taken between operations, so a kernel's internal
+    scratch space is not seen;
     storages made before the block count only if passed as ``baseline``, and
     ``torch.tensor(3.0)`` (built from Python data, no operation) is not seen.
     """
@@ -145,11 +148,22 @@ class PeakTally(TorchDispatchMode):
         super().__init__()
         self._bytes = {}                      # storage key -> bytes counted
         self.live = 0
+        self.counting = True                  # False: new storages are seen, not counted
         self.trace = [] if record else None   # (operation name, live bytes after it)
-        for t in baseline:
-            if t is not None:
-                self._track(t.untyped_storage(), count=True)
+        self.add(baseline)
         self.peak = self.live
+
+    def add(self, tensors):
+        """Count the storages of ``tensors`` from now on, until each is freed (also
+        those seen before and left uncounted: made while ``counting`` was False)."""
+        for t in tensors:
+            if t is None:
+                continue
+            storage = t.untyped_storage()
+            self._track(storage, count=True)
+            if not self._bytes[storage._cdata]:  # seen before, uncounted
+                self._bytes[storage._cdata] = storage.nbytes()
+                self.live += storage.nbytes()
 
     def _track(self, storage, count):
         key = storage._cdata                  # the C++ StorageImpl's address
@@ -170,7 +184,7 @@ class PeakTally(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in pytree.tree_leaves(out):
             if torch.is_tensor(t):
-                self._track(t.untyped_storage(), count=True)
+                self._track(t.untyped_storage(), count=self.counting)
         self.peak = max(self.peak, self.live)
         if self.trace is not None:
             self.trace.append((func.__name__, self.live))

@@ -2,7 +2,7 @@
 
     tp_group, dp_group = grid_groups(dp=2, tp=2)     # on every rank
     model = TensorParallelGPT(models.GPT(cfg, seed=0), tp_group)
-    loss = hybrid_step(model, opt, ids, targets, dp_group)  # record_calls(): collectives
+    loss = hybrid_step(model, opt, ids, targets, dp_group)  # calls.record(): collectives
 
 Rank r sits at (dp_rank, tp_rank) = (r // tp, r % tp): the rows of the grid
 are the tp groups (consecutive ranks, on one node in practice), the columns
@@ -11,7 +11,6 @@ column, the rule of Narayanan et al. (arXiv 2104.04473, Section 3.3): tensor
 parallelism within a node, data parallelism across. The code between the
 lesson markers is the notebook's, character for character (tests/test_mesh.py).
 """
-import contextlib
 import logging
 
 import torch
@@ -19,8 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from labsupport import models
-from labsupport._patch import current, patched
+from labsupport import calls, models
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -29,7 +27,7 @@ from labsupport.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
 from labsupport.tp_gpt import TensorParallelGPT
 
 
-# --- lesson: the chapter's code, copied from notebooks/08_device_mesh.ipynb ---
+# --- lesson: notebooks/08_device_mesh.ipynb (the notebook's copy must match) ---
 def grid_coords(rank, tp):
     """(dp_rank, tp_rank) of ``rank``: rows of ``tp`` consecutive ranks."""
     return rank // tp, rank % tp
@@ -97,44 +95,6 @@ def train_device_mesh(cfg, batches, lr, dp, tp):
 # --- end of lesson ---
 
 
-_COLLECTIVES = ("all_reduce", "all_gather_single", "reduce_scatter_single",
-                "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
-                "all_gather", "reduce_scatter", "all_to_all_single")
-
-
-@contextlib.contextmanager
-def record_calls():
-    """Log every collective called through torch.distributed: dicts(op, ranks, shape, nbytes).
-
-    ``ranks`` are the global ranks of the call's group; ``nbytes`` its payload
-    S, the largest tensor argument (the full tensor of an all-gather or a
-    reduce-scatter, as ``labsupport.tp_probe``). Collectives DTensor and FSDP2
-    issue through the functional API are not seen here.
-    """
-    log = []
-
-    def wrap(name, fn):
-        def logged(*args, **kwargs):
-            group = kwargs.get("group")
-            ranks = dist.get_process_group_ranks(dist.group.WORLD if group is None else group)
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            big = max(tensors, key=lambda t: t.numel(), default=torch.empty(0))
-            log.append(dict(op=name, ranks=tuple(ranks), shape=tuple(big.shape),
-                            nbytes=big.numel() * big.element_size()))
-            return fn(*args, **kwargs)
-        return logged
-    with patched({n: wrap(n, current(n)) for n in _COLLECTIVES if hasattr(dist, n)}):
-        yield log
-
-
-def bytes_by_group(log) -> dict:
-    """{ranks: payload bytes} summed over the calls of ``record_calls``'s log."""
-    out = {}
-    for call in log:
-        out[call["ranks"]] = out.get(call["ranks"], 0) + call["nbytes"]
-    return out
-
-
 def reference_params(cfg, batches, lr) -> dict:
     """Parameters of one process's ``models.GPT`` after SGD on each full batch."""
     model = models.GPT(cfg, seed=0)
@@ -147,15 +107,16 @@ def reference_params(cfg, batches, lr) -> dict:
 
 
 def train_grid(cfg, batches, lr, dp, tp, log=False):
-    """K hybrid steps on a hand-made (dp, tp) grid; this rank's parameters (and log)."""
+    """K hybrid steps on a hand-made (dp, tp) grid; this rank's parameters (and the
+    ``calls.Log`` of its calls: ``log.bytes_by_group()``)."""
     tp_group, dp_group = grid_groups(dp, tp)
     model = TensorParallelGPT(models.GPT(cfg, seed=0), tp_group)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    with record_calls() as calls:
+    with calls.record() as recorded:
         for ids, targets in batches:
             hybrid_step(model, opt, ids, targets, dp_group)
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return (params, calls) if log else params
+    return (params, recorded) if log else params
 
 
 class TPMLP(nn.Module):

@@ -9,30 +9,19 @@ Why a file: a rank stuck in ``recv`` is stopped by the launcher at its
 deadline, and whatever it held in memory is lost with it. Each call is
 written (unbuffered, appended) before it starts and again when it ends, so
 the kernel can still say which message a stopped rank was waiting for,
-"rank 1 waited for rank 0's chunk 2" (``labsupport.grading.deadlock``). Calls are
-recorded where torch.distributed is called through its module
-(``dist.recv(...)``), the way ``labsupport.traffic`` counts bytes.
+"rank 1 waited for rank 0's chunk 2" (``labsupport.grading.deadlock``). The
+calls are those of ``labsupport.calls``, the one recorder of a rank's calls
+to torch.distributed; this module is its listener that writes them down.
 """
 import contextlib
-import inspect
 import json
 import os
-import threading
 import time
 
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
-from labsupport._patch import current, patched
-
-P2P = ("send", "recv", "isend", "irecv")
-# Everything that moves tensor data between ranks in one call (barrier does not).
-COLLECTIVES = tuple(name for name in """all_reduce reduce broadcast all_gather
-    all_gather_into_tensor all_gather_single reduce_scatter reduce_scatter_tensor
-    reduce_scatter_single all_to_all all_to_all_single gather scatter all_gather_object
-    broadcast_object_list gather_object scatter_object_list all_gather_coalesced
-    all_reduce_coalesced""".split() if hasattr(c10d, name))
-_active = threading.local()  # inside a recorded call: the calls it makes are not recorded
+from labsupport import calls
+from labsupport.calls import COLLECTIVES, P2P  # noqa: F401 (what grading.deadlock names)
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -63,18 +52,15 @@ def describe_tensor(tensor, buffer, world_size: int) -> str:
 
 
 class Recorder:
-    """The calls of one ``record()`` block on this rank (see the module docstring)."""
+    """The calls of one ``record()`` block on this rank, written to ``path`` as they go."""
 
     def __init__(self, path: str, buffer=None):
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.buffer = buffer
-        self.collectives: dict[str, int] = {}
-        self.open: dict[int, str] = {}   # id of an isend/irecv not waited for -> what it was
-        self.peers = {"send": set(), "recv": set()}  # the ranks sent to and received from
-        self._next_id = 0
+        self.log = calls.Log()
         self.closed = False
 
-    def log(self, **event):
+    def write(self, **event):
         if self.closed:  # a request waited for after its block: nothing left to explain
             return
         event["t"] = time.time()  # wall clock: the kernel compares it with its own
@@ -82,123 +68,55 @@ class Recorder:
 
     def note(self, text: str):
         """What the rank works on ('a tensor of 10 elements'), for the reports."""
-        self.log(ev="note", text=text)
+        self.write(ev="note", text=text)
 
-    def new_call(self, op: str, peer=None, tensor=None) -> tuple[int, str]:
-        """Log the start of a call; its id and what it moves ('chunk 2')."""
-        self._next_id += 1
-        if op in P2P and peer is not None:
-            self.peers["send" if "send" in op else "recv"].add(peer)
-        what = "" if tensor is None else describe_tensor(tensor, self.buffer,
-                                                          dist.get_world_size())
-        self.log(ev="start", id=self._next_id, op=op, peer=peer, what=what)
-        return self._next_id, what
+    def __call__(self, event, call, tensor=None):
+        """calls.record's listener: each call's start, wait, end or drop, written down."""
+        if event != "start":
+            self.write(ev=event, id=call["id"])
+            return
+        if call["kind"] == "p2p" and tensor is not None:
+            call["what"] = describe_tensor(tensor, self.buffer, dist.get_world_size())
+        self.write(ev="start", id=call["id"], op=call["op"], peer=call["peer"],
+                   what=call.get("what", ""), ranks=call["ranks"])
+
+    @property
+    def collectives(self) -> dict:
+        """{collective: calls} made in the block."""
+        return self.log.count("collective")
+
+    @property
+    def peers(self) -> dict:
+        """{"send": ranks sent to, "recv": ranks received from} with point-to-point calls."""
+        out = {"send": set(), "recv": set()}
+        for c in self.log.calls:
+            if c["kind"] == "p2p" and c["peer"] is not None:
+                out["send" if "send" in c["op"] else "recv"].add(c["peer"])
+        return out
 
     def unwaited(self) -> list[str]:
         """Descriptions of the isend/irecv requests never waited for, in call order."""
-        return [self.open[i] for i in sorted(self.open)]
+        return [("batched " if c["batch"] else "") + call_text(c["op"], c.get("what", ""),
+                                                               c["peer"])
+                for c in self.log.unwaited()]
 
     def close(self):
         self.closed = True
         os.close(self.fd)
 
 
-class Request:
-    """What a recorded isend/irecv returns: the request itself, with wait() logged."""
-
-    def __init__(self, work, recorder: Recorder, call_id: int):
-        self._work, self._rec, self._id = work, recorder, call_id
-
-    def wait(self, *args, **kwargs):
-        self._rec.log(ev="wait", id=self._id)
-        result = self._work.wait(*args, **kwargs)
-        self._rec.log(ev="end", id=self._id)
-        self._rec.open.pop(self._id, None)
-        return result
-
-    def is_completed(self):
-        completed = self._work.is_completed()
-        if completed:  # polling until done is as good as waiting
-            self._rec.open.pop(self._id, None)
-        return completed
-
-    def __getattr__(self, name):  # get_future(), exception(), ...
-        return getattr(self._work, name)
-
-    def __del__(self):  # dropped unwaited: gloo may cancel it, its peer then waits forever
-        if self._id in self._rec.open:
-            self._rec.log(ev="dropped", id=self._id)
-
-
 @contextlib.contextmanager
 def record(path: str, buffer=None):
     """Record this rank's point-to-point and collective calls in the block to ``path``."""
     rec = Recorder(path, buffer)
-    rec.log(ev="begin")
-    names = (*P2P, *COLLECTIVES, "batch_isend_irecv")
+    rec.write(ev="begin")
     try:
-        with patched({name: _wrap(name, current(name), rec) for name in names}):
+        with calls.record(rec) as log:
+            rec.log = log
             yield rec
     finally:
-        rec.log(ev="exit")
+        rec.write(ev="exit")
         rec.close()
-
-
-def _wrap(name, fn, rec: Recorder):
-    kind = "batch" if name == "batch_isend_irecv" else "p2p" if name in P2P else "collective"
-    signature = inspect.signature(fn)
-
-    def recorded(*args, **kwargs):
-        if getattr(_active, "depth", 0):
-            return fn(*args, **kwargs)
-        _active.depth = 1
-        try:
-            if kind == "collective":
-                return _collective(name, fn, rec, args, kwargs)
-            if kind == "batch":
-                return _batch(fn, rec, args, kwargs)
-            return _p2p(name, fn, signature, rec, args, kwargs)
-        finally:
-            _active.depth = 0
-    recorded.__wrapped__ = fn
-    recorded.__name__ = recorded.__qualname__ = fn.__name__
-    return recorded
-
-
-def _collective(name, fn, rec: Recorder, args, kwargs):
-    rec.collectives[name] = rec.collectives.get(name, 0) + 1
-    call_id, _ = rec.new_call(name)
-    result = fn(*args, **kwargs)
-    rec.log(ev="end", id=call_id)  # (an async_op=True collective: "ended" when posted)
-    return result
-
-
-def _p2p(name, fn, signature, rec: Recorder, args, kwargs):
-    try:
-        bound = signature.bind(*args, **kwargs).arguments
-    except TypeError:
-        return fn(*args, **kwargs)  # torch's own error message for a wrong call
-    peer_key = "dst" if "send" in name else "src"
-    peer = bound.get(peer_key, bound.get("group_" + peer_key))
-    call_id, what = rec.new_call(name, peer, bound["tensor"])
-    result = fn(*args, **kwargs)
-    if name in ("send", "recv"):
-        rec.log(ev="end", id=call_id)
-        return result
-    rec.open[call_id] = call_text(name, what, peer)
-    return Request(result, rec, call_id)
-
-
-def _batch(fn, rec: Recorder, args, kwargs):
-    ops = args[0] if args else kwargs["p2p_op_list"]
-    works = fn(*args, **kwargs)
-    requests = []
-    for op, work in zip(ops, works):
-        name = getattr(op.op, "__name__", "isend")
-        call_id, what = rec.new_call(name, op.peer, op.tensor)
-        rec.open[call_id] = "batched " + call_text(name, what, op.peer)
-        requests.append(Request(work, rec, call_id))
-    return requests
 
 
 # -- read in the kernel ---------------------------------------------------------------

@@ -23,12 +23,6 @@ from labsupport.launch import identity as ls
 from labsupport.models import DeepMLP
 from labsupport.timeline import Timeline
 
-# The functions and class the notebook defines too, in its order.
-LESSON = ["tag", "send", "post_receives", "recv", "forward_step", "backward_step",
-          "PipelineRank", "run_step", "train_step_naive", "train_step_afab",
-          "train_step_1f1b", "train_step_interleaved", "run_step_torch"]
-
-
 def split_stages(model: DeepMLP, num_stages: int) -> list[nn.Sequential]:
     """The MLP's hidden blocks in ``num_stages`` equal stages, for equal stage times.
 
@@ -48,7 +42,7 @@ def split_stages(model: DeepMLP, num_stages: int) -> list[nn.Sequential]:
     return stages
 
 
-# --- the lesson: one copy here, one in the notebook (tests/test_pipeline.py) ---
+# --- lesson: notebooks/05_pipeline_parallel.ipynb (the notebook's copy must match) ---
 
 def tag(pp, stage, i, grad):
     """A message's name: the stage it goes to, its micro-batch, direction.
@@ -273,3 +267,4 @@ def run_step_torch(schedule_name, x, y, m, v=1, model_kw=None):
              if q.grad is not None}
     return dict(grads=grads,
                 loss=torch.stack(losses).mean() if losses else None)
+# --- end of lesson ---

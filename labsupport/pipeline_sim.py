@@ -8,7 +8,11 @@
 
 The schedule functions of ``labsupport.pipeline`` (or the notebook's copies)
 only call ``pp.forward(s, i)`` and ``pp.backward(s, i)``; here ``pp`` is an
-``OrderRecorder`` that writes those calls down. ``ideal_events`` then plays
+``OrderRecorder`` that writes those calls down. With ``split=True`` the
+backward is two calls, as in zero-bubble schedules (Qi et al., arXiv
+2401.10241): ``pp.backward_input`` (B, which the previous stage waits for)
+and ``pp.backward_weight`` (W, which nobody waits for); ``pp.backward`` is
+then B followed by W. ``ideal_events`` then plays
 them with fixed costs and free communication: each rank runs its calls in
 order, each as soon as its input has arrived. It is the picture the bubble
 formulas describe (GPipe, Huang et al. arXiv 1811.06965; interleaved 1F1B,
@@ -21,12 +25,12 @@ from labsupport.timeline import Timeline, bars, merge
 class OrderRecorder:
     """Stands in for ``PipelineRank``: records the schedule's calls instead of running them."""
 
-    def __init__(self, rank: int, world_size: int, m: int, v: int = 1):
+    def __init__(self, rank: int, world_size: int, m: int, v: int = 1, split: bool = False):
         if not (0 <= rank < world_size and m >= 1 and v >= 1):
             raise ValueError(f"need 0 <= rank < world_size, m >= 1, v >= 1; got rank={rank}, "
                              f"world_size={world_size}, m={m}, v={v}")
         self.rank, self.world_size, self.m, self.v = rank, world_size, m, v
-        self.num_stages = world_size * v
+        self.num_stages, self.split = world_size * v, split
         self.stages = {s: None for s in range(rank, self.num_stages, world_size)}  # like pp's
         self.ops: list[tuple] = []
 
@@ -34,14 +38,40 @@ class OrderRecorder:
         self.ops.append(("F", s, i))
 
     def backward(self, s, i):
+        self.ops += [("B", s, i), ("W", s, i)] if self.split else [("B", s, i)]
+
+    def backward_input(self, s, i):
         self.ops.append(("B", s, i))
 
+    def backward_weight(self, s, i):
+        self.ops.append(("W", s, i))
 
-def orders(schedule, p: int, m: int, v: int = 1) -> list[list[tuple]]:
-    """Each rank's calls, in order: ``[("F", stage, micro-batch), ("B", ...), ...]``."""
+
+def incomplete(rank, kinds, stages, m, missing, extra) -> ValueError:
+    """The error for a rank that misses calls or makes some twice or for another
+    stage; ``rank``, ``missing`` and ``extra`` ride along for callers that explain more."""
+    err = ValueError(f"rank {rank}'s schedule must run {' and '.join(kinds)} of each of "
+                     f"its stages {stages} for micro-batches 0..{m - 1} once each: "
+                     f"missing {missing[:4]}, repeated or foreign {extra[:4]}")
+    err.rank, err.missing, err.extra = rank, missing, extra
+    return err
+
+
+def deadlock(stuck: dict, ops: list) -> RuntimeError:
+    """The error for orders where every rank with calls left waits for a call no rank
+    will make; ``stuck`` {rank: that call} and ``ops`` (the orders) ride along."""
+    err = RuntimeError("deadlock: every rank waits for a call no rank will make: "
+                       + ", ".join(f"rank {r} at {op}" for r, op in stuck.items()))
+    err.stuck, err.ops = stuck, ops
+    return err
+
+
+def orders(schedule, p: int, m: int, v: int = 1, split: bool = False) -> list[list[tuple]]:
+    """Each rank's calls, in order: ``[("F", stage, micro-batch), ("B", ...), ...]``
+    (and ``("W", ...)`` with ``split``); ValueError (``incomplete``) if a rank misses one."""
     result = []
     for rank in range(p):
-        recorder = OrderRecorder(rank, p, m, v)
+        recorder = OrderRecorder(rank, p, m, v, split)
         schedule(recorder)
         _check_complete(recorder)
         result.append(recorder.ops)
@@ -51,50 +81,53 @@ def orders(schedule, p: int, m: int, v: int = 1) -> list[list[tuple]]:
 def _check_complete(rec: OrderRecorder):
     """Every stage of the rank does each micro-batch's forward and backward exactly once."""
     mine = range(rec.rank, rec.num_stages, rec.world_size)
-    want = sorted((k, s, i) for k in "BF" for s in mine for i in range(rec.m))
+    kinds = "FBW" if rec.split else "FB"
+    want = sorted((k, s, i) for k in kinds for s in mine for i in range(rec.m))
     if sorted(rec.ops) != want:
-        missing = sorted(set(want) - set(rec.ops))[:4]
-        extra = sorted({op for op in rec.ops if rec.ops.count(op) > 1 or op not in want})[:4]
-        raise ValueError(f"rank {rec.rank}'s schedule must run F and B of each of its stages "
-                         f"{list(mine)} for micro-batches 0..{rec.m - 1} once each: "
-                         f"missing {missing}, repeated or foreign {extra}")
+        missing = sorted(set(want) - set(rec.ops))
+        extra = sorted({op for op in rec.ops if rec.ops.count(op) > 1 or op not in want})
+        raise incomplete(rec.rank, kinds, list(mine), rec.m, missing, extra)
 
 
-def _needs(op, num_stages):
-    """The calls whose results ``op`` uses (its input message and its own forward)."""
+def needs(op, num_stages) -> list[tuple]:
+    """The calls whose results ``op`` uses: its input message, its own forward (B),
+    its own B (W)."""
     kind, s, i = op
     if kind == "F":
         return [("F", s - 1, i)] if s > 0 else []
+    if kind == "W":
+        return [("B", s, i)]
     after = ("B", s + 1, i) if s < num_stages - 1 else ("F", s, i)
     return [("F", s, i), after]
 
 
 def ideal_events(schedule, p: int, m: int, v: int = 1, t_f: float = 1.0,
-                 t_b: float = 2.0, durations: dict | None = None) -> list[dict]:
+                 t_b: float = 2.0, durations: dict | None = None, split: bool = False,
+                 t_w: float = 1.0) -> list[dict]:
     """Timeline events of ``schedule`` on an ideal machine (no run needed).
 
     A stage costs ``t_f / v`` forward and ``t_b / v`` backward (a rank's
-    model is cut into v stages), or ``durations[(kind, stage, mb)]`` seconds
-    when given (e.g. those of a real run); messages are free. Raises
-    ``RuntimeError`` naming the stuck calls if the ranks' orders deadlock.
+    model is cut into v stages; with ``split``, B costs ``t_b / v`` and W
+    ``t_w / v``), or ``durations[(kind, stage, mb)]`` seconds when given
+    (e.g. those of a real run); messages are free. Raises a RuntimeError
+    (``deadlock``) naming the stuck calls if the ranks' orders deadlock.
     """
-    ops, n = orders(schedule, p, m, v), p * v
-    cost = durations or {op: (t_f if op[0] == "F" else t_b) / v for r in ops for op in r}
+    ops, n = orders(schedule, p, m, v, split), p * v
+    unit = {"F": t_f, "B": t_b, "W": t_w}
+    cost = durations or {op: unit[op[0]] / v for r in ops for op in r}
     done, free, pos = {}, [0.0] * p, [0] * p
     tls = [Timeline(rank) for rank in range(p)]
     while any(pos[r] < len(ops[r]) for r in range(p)):
         progressed = False
         for r in range(p):
-            while pos[r] < len(ops[r]) and all(d in done for d in _needs(ops[r][pos[r]], n)):
+            while pos[r] < len(ops[r]) and all(d in done for d in needs(ops[r][pos[r]], n)):
                 kind, s, i = op = ops[r][pos[r]]
-                start = max([free[r]] + [done[d] for d in _needs(op, n)])
+                start = max([free[r]] + [done[d] for d in needs(op, n)])
                 free[r] = done[op] = start + cost[op]
                 tls[r].record("compute", kind, start, free[r], mb=i, stage=s)
                 pos[r], progressed = pos[r] + 1, True
         if not progressed:
-            stuck = [f"rank {r} at {ops[r][pos[r]]}" for r in range(p) if pos[r] < len(ops[r])]
-            raise RuntimeError("deadlock: every rank waits for a call no rank will make: "
-                               + ", ".join(stuck))
+            raise deadlock({r: ops[r][pos[r]] for r in range(p) if pos[r] < len(ops[r])}, ops)
     return merge([tl.events for tl in tls])
 
 

@@ -16,7 +16,7 @@ Later chapters and ``python -m labsupport.bench ring`` import them from here.
 import torch
 import torch.distributed as dist
 
-# --- lesson: ring all-reduce (the notebook's copy must match) ---
+# --- lesson: notebooks/02_ring_allreduce.ipynb (the notebook's copy must match) ---
 
 
 def exchange(send_buf, dst, recv_buf, src):

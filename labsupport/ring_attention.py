@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-# --- lesson: ring attention and Ulysses (the notebook's copy must match) ---
+# --- lesson: notebooks/06_context_parallel.ipynb (the notebook's copy must match) ---
 
 SCORES = {"elements": 0, "largest_bytes": 0}  # this rank's score entries
 

@@ -27,7 +27,7 @@ from torch.distributed.tensor.parallel import (
 from labsupport.tp_probe import log_collective
 
 
-# --- lesson: the chapter's code, copied from notebooks/04_tensor_parallel.ipynb ---
+# --- lesson: notebooks/04_tensor_parallel.ipynb (the notebook's copy must match) ---
 def all_reduce(x, phase, group=None):
     """Sum of ``x`` over the ranks of ``group`` (a new tensor)."""
     x = x.clone()

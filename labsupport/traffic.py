@@ -16,17 +16,17 @@ Two levels, because they answer different questions:
   the wire count is only the socket part.
 - **payload**: the tensor bytes of the point-to-point calls made in the block
   (``send``, ``recv``, ``isend``, ``irecv``, ``batch_isend_irecv``), exact,
-  counted where torch.distributed is called through its module
-  (``dist.send(...)``). This is what a hand-written ring sends.
+  as ``labsupport.calls`` (the one recorder of calls) sees them: where
+  torch.distributed is called through its module (``dist.send(...)``). This
+  is what a hand-written ring sends.
 """
 import contextlib
 import os
 import socket
 import struct
-import threading
 import time
 
-from labsupport._patch import current, patched
+from labsupport import calls
 
 # Offsets in Linux's struct tcp_info (include/uapi/linux/tcp.h) of
 # tcpi_bytes_acked and tcpi_bytes_received (u64s, Linux >= 4.2) and of
@@ -39,7 +39,6 @@ _TCP_INFO_BYTES_ACKED = 120
 _TCP_INFO_BYTES_RECEIVED = 128
 _TCP_INFO_BYTES_SENT = 200
 _TCP_INFO_SIZE = 256
-_P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 
 
 class Traffic:
@@ -96,48 +95,27 @@ def count(settle: float = 0.02):
     """
     traffic = Traffic()
     wire_before = tcp_totals()
-    with _counting_p2p(traffic):
+    with calls.record() as log:
         yield traffic
+    _add_payload(traffic, log)
     time.sleep(settle)
     wire_after = tcp_totals()
     traffic.wire_sent = wire_after[0] - wire_before[0]
     traffic.wire_received = wire_after[1] - wire_before[1]
 
 
-_active = threading.local()  # inside a counted call: its inner calls are not counted again
-
-
-def _counting_p2p(traffic: Traffic):
-    return patched({name: _wrap(name, current(name), traffic) for name in _P2P})
-
-
-def _wrap(name, fn, traffic: Traffic):
-    def counted(*args, **kwargs):
-        if getattr(_active, "depth", 0) == 0:
-            _record(name, args, kwargs, traffic)
-        _active.depth = getattr(_active, "depth", 0) + 1
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _active.depth -= 1
-    counted.__wrapped__ = fn
-    counted.__name__ = counted.__qualname__ = fn.__name__
-    return counted
-
-
-def _record(name, args, kwargs, traffic: Traffic):
-    traffic.calls[name] = traffic.calls.get(name, 0) + 1
-    if name == "batch_isend_irecv":
-        ops = args[0] if args else kwargs["p2p_op_list"]
-        for op in ops:
-            _add(traffic, getattr(op.op, "__name__", ""), op.tensor)
-    else:
-        _add(traffic, name, args[0] if args else kwargs["tensor"])
-
-
-def _add(traffic: Traffic, name: str, tensor):
-    nbytes = tensor.numel() * tensor.element_size()
-    if name in ("send", "isend"):
-        traffic.sent += nbytes
-    elif name in ("recv", "irecv"):
-        traffic.received += nbytes
+def _add_payload(traffic: Traffic, log: calls.Log):
+    """The point-to-point calls of the block: bytes each way, calls by name (a batch
+    is one call of batch_isend_irecv)."""
+    batches = set()
+    for c in log.calls:
+        if c["kind"] != "p2p":
+            continue
+        if "send" in c["op"]:
+            traffic.sent += c["nbytes"]
+        else:
+            traffic.received += c["nbytes"]
+        name = c["op"] if c["batch"] is None else "batch_isend_irecv"
+        if c["batch"] is None or c["batch"] not in batches:
+            traffic.calls[name] = traffic.calls.get(name, 0) + 1
+            batches.add(c["batch"])

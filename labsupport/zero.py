@@ -75,7 +75,7 @@ def unit_params(module, units, unit) -> list:
     return root
 
 
-# Kept equal to the notebook's copy by tests/test_zero.py
+# --- lesson: notebooks/07_zero_fsdp.ipynb (the notebook's copy must match) ---
 class FlatParams:
     """Parameters as views into one flat buffer, padded to N equal shards.
 
@@ -235,3 +235,4 @@ class Zero3(nn.Module):
             out.update({names[p]: p.detach().clone() for p in flat.params})
             flat.free()
         return {name: out[name] for name in names.values()}
+# --- end of lesson ---

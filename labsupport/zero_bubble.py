@@ -1,30 +1,33 @@
-"""The zero-bubble pipeline's split backward, run on chapter 5's harness (assignment 3).
+"""The harness of assignment 3 (the zero-bubble pipeline): F, B and W on chapter 5's messages.
 
-    zero_bubble.train_step_zb_h1(pp)   # the reference schedule: pp.forward / pp.backward_input
-                                       # (B) / pp.backward_weight (W)
-    grading.run(zero_bubble.Step(...)) # one recorded step on the ranks (grading_zero_bubble)
+    grading.run(zero_bubble.Step(name, schedule, (input_grad, weight_grad), m, unit))
+    grading.run(zero_bubble.Step(name, schedule, None, m, unit))  # B and W by autograd
 
 Zero Bubble Pipeline Parallelism (Qi, Wan, Huang & Lin, arXiv 2401.10241,
 ICLR 2024) splits a stage's backward in two: **B**, the gradient with respect
 to the stage's input (dL/dx = dL/dz W for a linear layer z = x W^T + b),
 which the previous stage waits for, and **W**, the gradient with respect to
-the weights (dL/dW = dL/dz^T x), which nobody waits for. ZB-H1 (their Sec.
-3.1, Fig. 3) is 1F1B in which rank r starts its W's r steps late, so every
-rank keeps the same number of micro-batches in flight as 1F1B's first rank,
-and the W's fill the cool-down: with F, B and W of equal cost its bubble is
-(p-1)(F+B-W), a third of 1F1B's (p-1)(F+B+W).
+the weights (dL/dW = dL/dz^T x), which nobody waits for. The student writes
+B and W for one stage, and a schedule: the order of ``pp.forward``,
+``pp.backward_input`` and ``pp.backward_weight`` calls. The reference
+solution lives only in the instructors' source notebook
+(notebooks/assignments/source/zero_bubble_pipeline), never here.
 
 The harness is chapter 5's (``labsupport.pipeline``: tags, posted
-receives, sends, ``PipelineRank``), with the stage's Linear layers run on
-detached weights, so that autograd can only give dL/dx and each layer's
-dL/dz, and W must compute the weight gradients by hand.
+receives, sends, ``PipelineRank``). With the student's B and W, the stage's
+Linear layers run on detached weights, so that autograd can only give
+dL/dx and each layer's dL/dz, and W must compute the weight gradients
+itself. Without them (``fns=None``: the checks that grade the schedule
+alone, and 1F1B's timed run) autograd does both halves, on the weights
+themselves: B takes dL/dx and keeps the graph, W takes the weights'
+gradients from it.
 
 Timing on 2 shared cores: every F, B and W is padded with a sleep to
 ``UNIT`` seconds (a fused 1F1B backward to 2 units), so a rank's compute
 takes the same time whatever else the machine runs, and the recorded idle
 fraction measures the *schedule* (plus message latency), not the load.
 book/instructors.md says why and what margin the checks need. The checks
-are in ``labsupport.grading.zero_bubble``.
+are in ``labsupport.grading.zero_bubble_pipeline``.
 """
 import contextlib
 import time
@@ -41,44 +44,7 @@ ROWS = 8  # samples per micro-batch
 UNIT = 0.02  # s, the time of every F, B and W in the timed runs
 
 
-# -- the reference: B, W and the ZB-H1 schedule --------------------------------------
-
-# The assignment's reference solution (notebooks/assignments/source/zero_bubble_pipeline),
-# character for character (tests/test_grading_zero_bubble.py): B and W as in Qi et al.,
-# Fig. 1; the schedule of their Sec. 3.1, Fig. 3 (top).
-
-def backward_input(x, y, dy, zs):
-    """B: (dL/dx, [dL/dz for z in zs]); no weight gradient."""
-    dx, *dzs = torch.autograd.grad(y, [x, *zs], dy)
-    return dx, dzs
-
-
-def backward_weight(layers, dzs):
-    """W: add dL/dW and dL/db of every (linear, h, z) into .grad."""
-    for (linear, h, _), dz in zip(layers, dzs):
-        linear.weight.grad += dz.T @ h      # (out, b/m) @ (b/m, in)
-        linear.bias.grad += dz.sum(0)
-
-
-def train_step_zb_h1(pp):
-    """ZB-H1: F, B and W of stage pp.rank for micro-batches 0..pp.m-1."""
-    p, m, rank = pp.world_size, pp.m, pp.rank
-    warmup, w = min(p - rank - 1, m), 0
-    for i in range(warmup):
-        pp.forward(rank, i)
-    for k in range(m - warmup):
-        pp.forward(rank, warmup + k)
-        pp.backward_input(rank, k)
-        if k >= rank:  # rank r starts its W's r steps late: p in flight
-            pp.backward_weight(rank, w)
-            w += 1
-    for k in range(m - warmup, m):  # cool-down: each wait gets a W
-        pp.backward_input(rank, k)
-        pp.backward_weight(rank, w)
-        w += 1
-    for i in range(w, m):
-        pp.backward_weight(rank, i)
-
+# -- the order the assignment improves on ---------------------------------------------
 
 def train_step_1f1b_split(pp):
     """1F1B with each backward split into B then, at once, W: the order to improve on."""
@@ -97,12 +63,14 @@ def train_step_1f1b_split(pp):
 # -- on the ranks -----------------------------------------------------------------------
 
 class ZBRank(pipeline.PipelineRank):
-    """Chapter 5's PipelineRank with F, B and W, each padded to ``unit`` seconds."""
+    """Chapter 5's PipelineRank with F, B and W, each padded to ``unit`` seconds.
+
+    ``fns``: the student's (input_grad, weight_grad), or None for autograd's.
+    """
 
     def __init__(self, stages, x, y, m, hidden, fns, unit):
         super().__init__(stages, x, y, m, hidden)
-        self.input_grad, self.weight_grad = fns
-        self.unit, self.wstash, self.ran = unit, {}, []
+        self.fns, self.unit, self.wstash, self.ran = fns, unit, {}, []
 
     @contextlib.contextmanager
     def compute(self, name, s, i, units=1):
@@ -121,9 +89,9 @@ class ZBRank(pipeline.PipelineRank):
         with self.compute("F", s, i):
             h, layers = x, []
             for module in _leaves(self.stages[s]):
-                if isinstance(module, nn.Linear):  # detached: B gives no dL/dW
+                if isinstance(module, nn.Linear) and self.fns is not None:
                     weight, bias = module.weight.detach(), module.bias.detach()
-                    z = F.linear(h, weight, bias)             # (b/m, out)
+                    z = F.linear(h, weight, bias)  # detached: B gives no dL/dW
                     layers.append((module, h.detach(), z))  # W: h, dL/dz
                     h = z
                 else:
@@ -139,38 +107,53 @@ class ZBRank(pipeline.PipelineRank):
     def backward_input(self, s, i):
         x, y, layers = self.stash.pop((s, i))
         dy = None if s == self.num_stages - 1 else pipeline.recv(self, s, i, grad=True)
-        before = self._grads(s)
         with self.compute("B", s, i):
-            dx, dzs = self.input_grad(x, y, dy, [z for _, _, z in layers])
-        _check_b(_name(self.input_grad), self._grads(s), before, s, layers, dx, dzs, x)
+            dx, for_w = self._input_grad(s, x, y, dy, layers)
         if s > 0:
             pipeline.send(self, dx, s - 1, i, grad=True)
-        self.wstash[s, i] = (layers, list(dzs))
+        self.wstash[s, i] = for_w
 
     def backward_weight(self, s, i):
         if (s, i) not in self.wstash:
             raise AssertionError(f"rank {self.rank} called W of micro-batch {i} before its "
                                  "B (or twice): W needs the dL/dz that B computes")
-        layers, dzs = self.wstash.pop((s, i))
-        before = self._grads(s)
-        with self.compute("W", s, i), torch.no_grad():
-            self.weight_grad(layers, dzs)
-        if all(torch.equal(a, b) for a, b in zip(self._grads(s), before)):
-            raise AssertionError(f"{_name(self.weight_grad)} left every .grad of stage {s} "
-                                 f"unchanged "
-                                 f"(micro-batch {i}): W must add dz^T h and dz.sum(0) into "
-                                 "each Linear's weight.grad and bias.grad")
+        for_w = self.wstash.pop((s, i))
+        with self.compute("W", s, i):
+            self._weight_grad(s, i, for_w)
 
     def backward(self, s, i):
         """The chapter's backward, B and W at once (2 units); dx sent after both."""
         x, y, layers = self.stash.pop((s, i))
         dy = None if s == self.num_stages - 1 else pipeline.recv(self, s, i, grad=True)
         with self.compute("B", s, i, units=2):
-            dx, dzs = backward_input(x, y, dy, [z for _, _, z in layers])
-            with torch.no_grad():
-                backward_weight(layers, dzs)
+            dx, for_w = self._input_grad(s, x, y, dy, layers)
+            self._weight_grad(s, i, for_w)
         if s > 0:
             pipeline.send(self, dx, s - 1, i, grad=True)
+
+    def _input_grad(self, s, x, y, dy, layers):
+        """B: (dL/dx, what W needs): the student's dL/dz's, or autograd's kept graph."""
+        if self.fns is None:
+            (dx,) = torch.autograd.grad(y, [x], dy, retain_graph=True)
+            return dx, (y, dy)
+        before = self._grads(s)
+        dx, dzs = self.fns[0](x, y, dy, [z for _, _, z in layers])
+        _check_b(_name(self.fns[0]), self._grads(s), before, s, layers, dx, dzs, x)
+        return dx, (layers, list(dzs))
+
+    def _weight_grad(self, s, i, for_w):
+        """W: every weight's gradient of stage s added into .grad."""
+        if self.fns is None:
+            y, dy = for_w
+            torch.autograd.backward(y, dy, inputs=list(self.stages[s].parameters()))
+            return
+        before = self._grads(s)
+        with torch.no_grad():
+            self.fns[1](*for_w)
+        if all(torch.equal(a, b) for a, b in zip(self._grads(s), before)):
+            raise AssertionError(f"{_name(self.fns[1])} left every .grad of stage {s} "
+                                 f"unchanged (micro-batch {i}): W must add dz^T h and "
+                                 "dz.sum(0) into each Linear's weight.grad and bias.grad")
 
     def _grads(self, s):
         return [q.grad.clone() for q in self.stages[s].parameters()]
@@ -199,7 +182,10 @@ def _check_b(name, after, before, s, layers, dx, dzs, x):
 
 
 class Step:
-    """What grading.run runs on each rank: one step of ``schedule``, recorded."""
+    """What grading.run runs on each rank: one step of ``schedule``, recorded.
+
+    ``fns``: the student's (input_grad, weight_grad), or None for autograd's B and W.
+    """
 
     def __init__(self, name, schedule, fns, m, unit):
         self.__name__, self.args = name, (schedule, fns, m, unit)

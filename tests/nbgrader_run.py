@@ -19,8 +19,12 @@ from pathlib import Path
 
 import nbformat
 
+import sources
+from sources import source_path
+
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 4  # s, LABSUPPORT_GRADING_TIMEOUT of the autograde runs
+MIN_LINES = 5  # a solution region this long must not reach the release (test_no_answers too)
 
 
 def nbgrader(*args, course: Path, timeout=300, env=None):
@@ -33,10 +37,6 @@ def nbgrader(*args, course: Path, timeout=300, env=None):
     return proc
 
 
-def source_path(assignment: str) -> Path:
-    return ROOT / "notebooks" / "assignments" / "source" / assignment / f"{assignment}.ipynb"
-
-
 def _submission(release: Path, source_nb, cells):
     nb = nbformat.read(release, as_version=4)
     if cells is None:
@@ -45,10 +45,7 @@ def _submission(release: Path, source_nb, cells):
     for c in nb.cells:
         gid = c.metadata.get("nbgrader", {}).get("grade_id")
         if c.metadata.get("nbgrader", {}).get("solution"):
-            c.source = cells.get(gid, reference[gid])
-            if callable(c.source):  # an edit of the reference's source
-                c.source = c.source(reference[gid])
-                assert c.source != reference[gid], f"the {gid} edit changed nothing"
+            c.source = sources.edited(reference[gid], cells.get(gid))
     return nb
 
 
@@ -109,6 +106,22 @@ def cell_seconds(nb) -> dict:
 
 # -- what every assignment's grading test checks ------------------------------------------
 
+def assert_release_only(graded: dict) -> str:
+    """release/<assignment>/ holds the student notebook only, with no solution region of
+    the source (names renamed or not) and no hidden test; returns the notebook's text."""
+    folder = graded["release"].parent
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    assert files == [graded["name"]], f"release/{graded['assignment']}/ holds {files}"
+    text = graded["release"].read_text()
+    assert "### BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text
+    code = "\n".join(c.source for c in nbformat.read(graded["release"], as_version=4).cells
+                     if c.cell_type == "code")
+    leaked = [gid for gid, region in sources.solution_regions(source_path(graded["assignment"]))
+              if sources.code_lines(region) >= MIN_LINES and sources.copied(region, code)]
+    assert not leaked, f"the release notebook holds the solution of {leaked}"
+    return text
+
+
 def assert_exported_totals(graded: dict, cells: dict, failed: dict, expected: dict):
     """grades.csv (`nbgrader export`) gives each submission the points of the cells it
     passed (``failed[student]`` names those it fails), which are ``expected``, out of all
@@ -117,15 +130,17 @@ def assert_exported_totals(graded: dict, cells: dict, failed: dict, expected: di
         rows = {row["student_id"]: row for row in csv.DictReader(f)}
     totals = {s: sum(p for c, p in cells.items() if c not in failed[s]) for s in failed}
     assert totals == expected, "the table of failed cells and the expected totals disagree"
-    assert {s: float(rows[s]["score"]) for s in failed} == expected
+    exported = {s: float(rows[s]["score"]) for s in failed}
+    assert exported == expected, f"exported {exported}, expected {expected}"
     assert {float(rows[s]["max_score"]) for s in failed} == {sum(cells.values())}
 
 
 def assert_cell_scores(graded: dict, student: str, cells: dict, failed: dict) -> dict:
     """Each graded cell scores 0 where ``failed[student]`` names it, and its error then
     contains the message named there; full points elsewhere. Returns the cells' errors."""
-    assert scores(graded, student, cells) == {
-        name: 0 if name in failed[student] else points for name, points in cells.items()}
+    got = scores(graded, student, cells)
+    want = {name: 0 if name in failed[student] else points for name, points in cells.items()}
+    assert got == want, f"{student}: scored {got}, expected {want}"
     errs = errors(graded, student)
     for name, message in failed[student].items():
         text = errs[name.replace("_", "-")]

@@ -79,36 +79,88 @@ def failures_by_file(junit: Path) -> dict:
 
 
 # -- the notebook's copy of the lesson is the package's ---------------------------
+#
+# The one marking: in a labsupport module, the lesson sits between
+#     # --- lesson: notebooks/NN_chapter.ipynb (the notebook's copy must match) ---
+#     # --- end of lesson ---
+# (a module may have several such blocks). The notebook's copy of each name is
+# the notebook's own last top-level definition of it, which is what the name
+# holds once the notebook has run: a your-turn stub followed by its solution
+# compares the solution.
 
-def package_lesson(module) -> str:
-    """The module's source between `# --- lesson: ...` and `# --- end of lesson ---`."""
-    source = Path(module.__file__).read_text()
-    return re.search(r"# --- lesson:.*?\n(.*)# --- end of lesson ---", source, re.S).group(1)
-
-
-def notebook_lesson(notebook: Path, tag: str) -> str:
-    """The sources of the notebook's cells tagged `tag`, joined by blank lines."""
-    nb = nbformat.read(notebook, as_version=4)
-    cells = [c.source for c in nb.cells if tag in c.metadata.get("tags", [])]
-    assert cells, f"no cell of {notebook.name} is tagged {tag!r}"
-    return "\n\n".join(cells)
+LESSON_BLOCK = re.compile(r"^# --- lesson: (notebooks/\S+\.ipynb)[^\n]*---\n(.*?)"
+                          r"^# --- end of lesson ---$", re.S | re.M)
 
 
-def definitions(source) -> dict:
+def package_lessons(module) -> dict:
+    """{notebook path: {name: source}} of the module's lesson blocks."""
+    out = {}
+    for notebook, body in LESSON_BLOCK.findall(Path(module.__file__).read_text()):
+        found = out.setdefault(notebook, {})
+        for name, source in definitions(body).items():
+            assert name not in found, f"{module.__name__}: {name} is in two lesson blocks"
+            found[name] = source
+    assert out, f"{module.__file__} has no '# --- lesson: notebooks/...' block"
+    return out
+
+
+def notebook_definitions(notebook: Path) -> dict:
+    """{name: source} of the last top-level def, class or single-name assignment of
+    each name in the notebook's code cells (IPython magics and shell lines skipped)."""
+    found = {}
+    for cell in nbformat.read(notebook, as_version=4).cells:
+        if cell.cell_type != "code" or cell.source.startswith("%%"):
+            continue
+        source = "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                           for line in cell.source.splitlines())
+        found.update(definitions(source, strict=False))
+    return found
+
+
+def lesson_differences(module, root: Path = ROOT) -> list[str]:
+    """What differs between the module's lesson and the notebook it names ([] if nothing)."""
+    problems = []
+    for notebook, package in package_lessons(module).items():
+        if not (root / notebook).exists():
+            problems.append(f"{module.__name__}'s lesson names {notebook}, which does not exist")
+            continue
+        in_notebook = notebook_definitions(root / notebook)
+        for name, source in package.items():
+            if name not in in_notebook:
+                problems.append(f"{notebook} does not define {name}")
+            elif in_notebook[name] != source:
+                problems.append(f"{name} differs between {notebook} and {module.__file__}")
+    return problems
+
+
+def assert_lesson_copy(module):
+    """The notebook's copy of every lesson name of ``module`` is the package's, character
+    for character: edit both together (or copy the changed one over)."""
+    problems = lesson_differences(module)
+    assert not problems, "\n".join(problems)
+
+
+def definitions(source, strict=True) -> dict:
     """{name: its full source lines} of each top-level def, class (decorators
-    included) or assignment; anything else in a lesson is an error."""
+    included) or assignment to one name; with ``strict``, anything else is an
+    error (a lesson block holds nothing else)."""
     lines = source.splitlines()
     found = {}
     for node in ast.parse(source).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             name = node.name
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            name = (node.targets[0] if isinstance(node, ast.Assign) else node.target).id
-            first = node.lineno
-        else:
+        elif (isinstance(node, (ast.Assign, ast.AnnAssign))
+              and isinstance(target := (node.targets[0] if isinstance(node, ast.Assign)
+                                        else node.target), ast.Name)
+              and not (isinstance(node, ast.Assign) and len(node.targets) > 1)):
+            name, first = target.id, node.lineno
+        elif strict:
             raise AssertionError(f"line {node.lineno}: a lesson holds defs, classes and "
                                  f"assignments only, not {type(node).__name__}")
-        assert name not in found, f"{name} is defined twice"
+        else:
+            continue
+        assert not strict or name not in found, f"{name} is defined twice"
+        found.pop(name, None)  # the last definition, at its place in the order
         found[name] = "\n".join(lines[first - 1:node.end_lineno])
     return found

@@ -1,15 +1,12 @@
 # Run: .venv/bin/python -m pytest tests/test_checkpointing.py
 """labsupport.checkpointing: the memory chapter's checkpointed forward, and its notebook copy."""
-from pathlib import Path
 
 import pytest
 import torch
 
 from labsupport import checkpointing, memory, models
-from nbtools import definitions, notebook_lesson, package_lesson
+from nbtools import assert_lesson_copy
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "00_memory.ipynb"
-LESSON_TAG = "checkpointing-lesson"
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +41,5 @@ def test_checkpointing_holds_fewer_bytes(setup):
     assert held["full"] < held["selective"] < held["none"]
 
 
-def test_the_notebook_copy_is_identical():
-    package = definitions(package_lesson(checkpointing))
-    assert definitions(notebook_lesson(NOTEBOOK, LESSON_TAG)) == package
+def test_the_notebook_copy_is_the_package_code():
+    assert_lesson_copy(checkpointing)

@@ -4,13 +4,11 @@ Run: .venv/bin/python -m pytest tests/test_ddp.py
 """
 import contextlib
 import functools
-import inspect
 import re
 import sys
 from pathlib import Path
 
 import cloudpickle
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
@@ -19,10 +17,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import labsupport as ls
 from labsupport import ddp, ddp_probe, models, timeline
+from nbtools import assert_lesson_copy
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "03_data_parallel.ipynb"
-MARKER = re.compile(r"# Kept equal to labsupport\.ddp\.(\w+) by tests/test_ddp\.py\n")
-LESSON_NAMES = {"broadcast_parameters", "DataParallelNaive", "DataParallelOverlap", "bucket_params", "DataParallelBucket"}
 SIZES = dict(d_in=8, width=32, depth=3, d_out=4)   # 4 Linear layers: 8 parameter tensors
 BATCH, STEPS, LR = 16, 3, 0.1
 TOL = dict(rtol=1e-6, atol=1e-7)  # fp32 rounding of another summation order, no more
@@ -83,20 +79,10 @@ def run_all(world_size, versions, **kwargs):
             for name, wrap in versions.items()}
 
 
-# -- the notebook's copy is the package's copy ----------------------------------------
+# -- the notebook's copy of the lesson is the package's ---------------------------
 
-def test_notebook_lesson_cells_are_the_package_code():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    found = {}
-    for cell in nb.cells:
-        match = MARKER.match(cell.source) if cell.cell_type == "code" else None
-        if match:
-            found[match.group(1)] = cell.source[match.end():]
-    assert set(found) == LESSON_NAMES, "one marked cell per lesson object in the notebook"
-    for name, source in found.items():
-        package = inspect.getsource(getattr(ddp, name))
-        assert source.strip("\n") == package.strip("\n"), (
-            f"the notebook's {name} differs from labsupport/ddp.py: edit both together")
+def test_the_notebook_copy_is_the_package_code():
+    assert_lesson_copy(ddp)
 
 
 # -- every rank starts from rank 0's model, as with DDP -------------------------------

@@ -8,7 +8,6 @@ your-turn checks with right and wrong answers; the notebook's copy of the
 lesson being the package's, character for character.
 """
 import sys
-from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -17,10 +16,8 @@ import torch.distributed as dist
 
 import labsupport as ls
 from labsupport import memory, mesh, models
-from nbtools import definitions, notebook_lesson, package_lesson
+from nbtools import assert_lesson_copy
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "08_device_mesh.ipynb"
-LESSON_TAG = "mesh-lesson"
 CFG = models.GPTConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2)
 BATCH, STEPS, LR, DP, TP = 4, 3, 0.05, 2, 2
 BATCHES = [models.toy_tokens(BATCH, CFG.seq_len, CFG.vocab_size, seed=1 + k)
@@ -82,7 +79,8 @@ def test_each_rank_talks_only_to_its_row_and_column(grid_run):
     rows, columns = mesh.grid_ranks(DP, TP)
     for rank, (_, log, _) in enumerate(grid_run):
         dp_rank, tp_rank = mesh.grid_coords(rank, TP)
-        assert {c["ranks"] for c in log} == {tuple(rows[dp_rank]), tuple(columns[tp_rank])}
+        assert {c["ranks"] for c in log.calls} == {tuple(rows[dp_rank]),
+                                                  tuple(columns[tp_rank])}
 
 
 def test_bytes_per_group_match_the_formula(grid_run):
@@ -90,7 +88,7 @@ def test_bytes_per_group_match_the_formula(grid_run):
     tp_bytes = ((4 * CFG.layers + 2) * b * s * h + b * s * v) * 4   # fp32
     for rank, (params, log, local) in enumerate(grid_run):
         dp_rank, tp_rank = mesh.grid_coords(rank, TP)
-        by_group = mesh.bytes_by_group(log)
+        by_group = log.bytes_by_group()
         row, column = mesh.grid_ranks(DP, TP)[0][dp_rank], mesh.grid_ranks(DP, TP)[1][tp_rank]
         assert by_group[tuple(row)] == STEPS * tp_bytes
         assert by_group[tuple(column)] == STEPS * local
@@ -153,22 +151,8 @@ def test_average_check_names_the_mistake(cluster, wrong, message):
 
 # -- the notebook's copy of the lesson is the package's ---------------------------
 
-
-def _package_lesson():
-    return definitions(package_lesson(mesh))
-
-
-def _notebook_lesson():
-    return definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
-
-
-def test_the_notebook_shows_every_definition_of_the_package():
-    assert set(_notebook_lesson()) == set(_package_lesson())
-
-
-@pytest.mark.parametrize("name", sorted(_package_lesson()))
-def test_the_notebook_copy_is_identical(name):
-    assert _notebook_lesson()[name] == _package_lesson()[name]
+def test_the_notebook_copy_is_the_package_code():
+    assert_lesson_copy(mesh)
 
 
 # -- last: 8 ranks, a new group of processes (the 4-rank cluster above ends) ----------

@@ -3,20 +3,15 @@ player, the bubble measurement, and the notebook's copy of the lesson code.
 
 Run: .venv/bin/python -m pytest tests/test_pipeline.py
 """
-import ast
-import inspect
-from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 import torch.nn.functional as F
 
 import labsupport as ls
 from labsupport import bubbles, models, pipeline, pipeline_sim, timeline
+from nbtools import assert_lesson_copy
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "05_pipeline_parallel.ipynb"
-MARK = "# also in labsupport/pipeline.py, kept identical by tests/test_pipeline.py"
 MODEL_KW = dict(d_in=8, width=16, depth=17, d_out=4, seed=0)  # 16 hidden blocks
 SCHEDULES = {"naive": pipeline.train_step_naive, "afab": pipeline.train_step_afab,
              "1f1b": pipeline.train_step_1f1b, "interleaved": pipeline.train_step_interleaved}
@@ -223,25 +218,7 @@ def test_measure_gives_a_row_with_the_formula_and_a_table(cluster):
         bubbles.measure(cluster, pipeline.train_step_1f1b, 4, runs=0)
 
 
-# --- the notebook's copy -------------------------------------------------------------
+# -- the notebook's copy of the lesson is the package's ---------------------------
 
-def notebook_definitions() -> dict:
-    """name -> source of every def/class in the notebook's cells that carry the marker."""
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    found = {}
-    for cell in nb.cells:
-        if cell.cell_type == "code" and cell.source.startswith(MARK):
-            lines = cell.source.splitlines()
-            for node in ast.parse(cell.source).body:
-                if isinstance(node, (ast.FunctionDef, ast.ClassDef)):  # whole lines
-                    found[node.name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
-    return found
-
-
-def test_notebook_copy_is_identical_to_labsupport():
-    found = notebook_definitions()
-    assert list(found) == pipeline.LESSON, "the notebook defines the lesson, in this order"
-    for name, source in found.items():
-        assert source == inspect.getsource(getattr(pipeline, name)).rstrip("\n"), (
-            f"{name} differs between notebooks/05_pipeline_parallel.ipynb and "
-            "labsupport/pipeline.py: copy the changed one over the other")
+def test_the_notebook_copy_is_the_package_code():
+    assert_lesson_copy(pipeline)

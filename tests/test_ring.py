@@ -7,8 +7,6 @@ sizes below N, many segments), exact payload bytes, the error for bad input,
 and the notebook's copy of the code being the package's, character for
 character.
 """
-import inspect
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,10 +14,8 @@ import torch.distributed as dist
 
 import labsupport as ls
 from labsupport import ring, traffic
-from nbtools import definitions, notebook_lesson, package_lesson
+from nbtools import assert_lesson_copy
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "02_ring_allreduce.ipynb"
-LESSON_TAG = "ring-lesson"
 SIZES = [1, 2, 3, 10, 1001, 65_537, 300_007]
 RINGS = ("ring_allreduce_naive", "ring_allreduce_simple", "ring_allreduce")
 
@@ -140,21 +136,5 @@ def test_a_non_contiguous_tensor_is_refused_with_a_hint(cluster):
 
 # -- the notebook's copy of the lesson is the package's ---------------------------
 
-def _package_lesson():
-    return definitions(package_lesson(ring))
-
-
-def _notebook_lesson():
-    return definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
-
-
-def test_the_notebook_shows_every_definition_of_the_package():
-    assert set(_notebook_lesson()) == set(_package_lesson())
-
-
-@pytest.mark.parametrize("name", sorted(_package_lesson()))
-def test_the_notebook_copy_is_identical(name):
-    in_notebook = _notebook_lesson()[name]
-    assert in_notebook == _package_lesson()[name]
-    if callable(getattr(ring, name)):
-        assert in_notebook == inspect.getsource(getattr(ring, name)).rstrip("\n")
+def test_the_notebook_copy_is_the_package_code():
+    assert_lesson_copy(ring)

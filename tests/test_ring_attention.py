@@ -9,8 +9,6 @@ attention sends; the score blocks it computes per rank; the errors for bad
 input; and the notebook's copy of the code being the package's, character
 for character.
 """
-import inspect
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,10 +18,8 @@ import torch.nn.functional as F
 import labsupport as ls
 from labsupport import ring_attention as ra, traffic
 from labsupport.timeline import Timeline
-from nbtools import definitions, notebook_lesson, package_lesson
+from nbtools import assert_lesson_copy
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "06_context_parallel.ipynb"
-LESSON_TAG = "cp-lesson"
 B, A, D = 2, 4, 8
 
 
@@ -122,22 +118,5 @@ def test_lse_merge_of_two_halves_is_the_whole_softmax():
 
 # -- the notebook's copy of the lesson is the package's ---------------------------
 
-
-def _package_lesson():
-    return definitions(package_lesson(ra))
-
-
-def _notebook_lesson():
-    return definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
-
-
-def test_the_notebook_shows_every_definition_of_the_package():
-    assert set(_notebook_lesson()) == set(_package_lesson())
-
-
-@pytest.mark.parametrize("name", sorted(_package_lesson()))
-def test_the_notebook_copy_is_identical(name):
-    in_notebook = _notebook_lesson()[name]
-    assert in_notebook == _package_lesson()[name]
-    if inspect.isfunction(getattr(ra, name)) or inspect.isclass(getattr(ra, name)):
-        assert in_notebook == inspect.getsource(getattr(ra, name)).rstrip("\n")
+def test_the_notebook_copy_is_the_package_code():
+    assert_lesson_copy(ra)

@@ -9,7 +9,6 @@ sub-group (as chapter 8 runs them); errors for sizes t does not divide; and
 the notebook's copy of the lesson being the package's, character for character.
 """
 import sys
-from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -20,10 +19,8 @@ import labsupport as ls
 from labsupport import models
 from labsupport import tensor_parallel as tp
 from labsupport import tp_gpt, tp_probe
-from nbtools import definitions, notebook_lesson, package_lesson
+from nbtools import assert_lesson_copy
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "04_tensor_parallel.ipynb"
-LESSON_TAG = "tp-lesson"
 CFG = models.GPTConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2)
 BATCH, STEPS, LR = 4, 3, 0.05
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32, values up to ~20: another order of the same sums
@@ -202,22 +199,8 @@ def test_sizes_that_t_does_not_divide_are_refused(cluster, cfg, sp, match):
 
 # -- the notebook's copy of the lesson is the package's ---------------------------
 
-
-def _package_lesson():
-    return definitions(package_lesson(tp))
-
-
-def _notebook_lesson():
-    return definitions(notebook_lesson(NOTEBOOK, LESSON_TAG))
-
-
-def test_the_notebook_shows_every_definition_of_the_package():
-    assert set(_notebook_lesson()) == set(_package_lesson())
-
-
-@pytest.mark.parametrize("name", sorted(_package_lesson()))
-def test_the_notebook_copy_is_identical(name):
-    assert _notebook_lesson()[name] == _package_lesson()[name]
+def test_the_notebook_copy_is_the_package_code():
+    assert_lesson_copy(tp)
 
 
 # -- the checks behind the your-turn cells, with a right and a wrong answer -------------

@@ -11,7 +11,6 @@ param groups and add_param_group, and refuses what it cannot do; Zero3
 refuses overlapping units. The notebook's lesson code is the package's.
 """
 import ast
-import inspect
 import sys
 from pathlib import Path
 
@@ -24,10 +23,9 @@ import torch.nn.functional as F
 
 import labsupport as ls
 from labsupport import models, sharded_optimizer, zero
+from nbtools import assert_lesson_copy
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "07_zero_fsdp.ipynb"
-MARKER = "# Kept equal to labsupport.zero"
-LESSON_NAMES = ("FlatParams", "zero_step", "Zero3")
 STEPS, BATCH = 3, 8
 ADAMW = dict(lr=1e-2, weight_decay=0.1)
 TOL = dict(rtol=1e-9, atol=1e-9)  # fp64; Adam magnifies rounding where a gradient is ~0
@@ -237,22 +235,10 @@ def test_flat_params_needs_a_process_group():
         zero.FlatParams(make("mlp").parameters())
 
 
-def _lesson_sources(nb_path) -> dict:
-    nb = nbformat.read(nb_path, as_version=4)
-    out = {}
-    for cell in nb.cells:
-        if cell.cell_type == "code" and MARKER in cell.source:
-            for node in ast.parse(cell.source).body:
-                if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-                    out[node.name] = ast.get_source_segment(cell.source, node)
-    return out
+# -- the notebook's copy of the lesson is the package's ---------------------------
 
-
-def test_the_notebooks_lesson_code_is_the_packages():
-    lesson = _lesson_sources(NOTEBOOK)
-    assert set(LESSON_NAMES) <= set(lesson), sorted(lesson)
-    for name in LESSON_NAMES:
-        assert lesson[name] == inspect.getsource(getattr(zero, name)).rstrip(), name
+def test_the_notebook_copy_is_the_package_code():
+    assert_lesson_copy(zero)
 
 
 # -- the your-turn checkers of the notebook, on right and wrong answers ----------------

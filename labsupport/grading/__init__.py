@@ -8,8 +8,9 @@
 - ``diagnosis``: running on the ranks with a deadline (``TIMEOUT``) and turning
   an exception or a hang into advice;
 - ``deadlock``: which message each stuck rank waited for, from its ``p2p_log``;
-- one module per assignment or chapter exercise beyond the collectives
-  (``ls.grading.<name>``, imported on first use): see ``_CHECKS``.
+- one module per assignment, named after its folder in
+  notebooks/assignments/source (``ls.grading.<folder>``, imported on first
+  use), and ``memory`` for chapter 0's exercises: see ``_CHECKS``.
 """
 import importlib
 
@@ -22,8 +23,9 @@ __all__ = ["SIZES", "TIMEOUT", "WORLD_SIZES", "assert_rules", "check_all_gather"
 
 # The checks of later assignments and chapters' your-turn cells, reached as
 # ``ls.grading.<name>`` and imported on first use (they import torch's extras).
-_CHECKS = {"memory", "mesh", "padded_expert_dispatch", "rabenseifner",
-           "reshard_to_tensor_parallel", "ring_attention", "xent", "zero", "zero_bubble"}
+_CHECKS = {"hybrid_sharded_dp", "memory", "padded_expert_dispatch", "rabenseifner_allreduce",
+           "reshard_to_tensor_parallel", "vocab_parallel_xent", "zero2_overlap",
+           "zero_bubble_pipeline", "zigzag_ring_attention"}
 
 
 def __getattr__(name):

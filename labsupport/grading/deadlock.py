@@ -30,7 +30,9 @@ def _describe_rank(rank, states, stuck, now) -> str:
     call, waited = st["call"], now - st["since"]
     op, peer, what = call["op"], call["peer"], call["what"]
     if op in p2p_log.COLLECTIVES:
-        return f"rank {rank} waited {waited:.0f} s in dist.{op}, which every rank must call."
+        ranks = call.get("ranks")
+        whose = "every rank" if not ranks else f"every rank of its group, {list(ranks)},"
+        return f"rank {rank} waited {waited:.0f} s in dist.{op}, which {whose} must call."
     if "recv" in op:
         source = "any rank" if peer is None else f"rank {peer}"
         whose = f"{source}'s {what}" if what.startswith("chunk") else f"{what} from {source}"

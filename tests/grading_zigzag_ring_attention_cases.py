@@ -1,4 +1,9 @@
-"""Zig-zag ring attention, right and wrong, for tests/test_grading_ring_attention.py.
+"""Zig-zag ring attention, wrong, for tests/test_grading_zigzag_ring_attention.py.
+
+A ring of the tests' own (``_ring``) over any layout and merge, so that each
+wrong answer differs from a right one in one thing; the reference is the source
+notebook's (tests/sources.py). ``zigzag_positions`` is the right layout, which
+the wrong rings use.
 
 In their own module, which imports only torch and labsupport.ring_attention:
 the ranks import it to unpickle each function.
@@ -69,10 +74,6 @@ def _zigzag_plan(rank, src, half):
 
 def _contiguous_plan(rank, src, half):
     return (slice(None), slice(None)) if src <= rank else None
-
-
-def zigzag_ring_attention(q, k, v):
-    return _ring(q, k, v, zigzag_positions, _zigzag_plan)
 
 
 def contiguous_ring_attention(q, k, v):

@@ -1,37 +1,14 @@
-"""Vocabulary-parallel cross-entropies, right and wrong, for tests/test_grading_xent.py.
+"""Vocabulary-parallel cross-entropies, wrong, for tests/test_grading_vocab_parallel_xent.py.
 
-Each class is self-contained (torch, dist, F only), so that the nbgrader test
-can paste its source into a submission under the assignment's class name. In
-their own module, which imports only torch: the ranks import it to unpickle
-each class.
+Each pasted class is self-contained (torch, dist, F only), so that the nbgrader
+test can paste its source into a submission under the assignment's class name
+(NoGradOutput, only unit-tested, reuses NoMax's forward). The reference is the
+source notebook's (tests/sources.py). In their own module, which imports only
+torch: the ranks import it to unpickle each class.
 """
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: F401 (used by the pasted sources)
-
-
-class Reference(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, group=None):
-        v_local = logits.shape[-1]
-        local = targets - dist.get_rank(group) * v_local
-        mine = (local >= 0) & (local < v_local)
-        row_max = logits.max(dim=-1).values
-        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
-        exp = (logits - row_max.unsqueeze(-1)).exp()
-        sum_exp = exp.sum(dim=-1)
-        dist.all_reduce(sum_exp, group=group)
-        index = local.clamp(0, v_local - 1).unsqueeze(-1)
-        target = torch.where(mine, logits.gather(-1, index).squeeze(-1) - row_max, 0.0)
-        dist.all_reduce(target, group=group)
-        ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), index, mine)
-        return (sum_exp.log() - target).mean()
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        softmax, index, mine = ctx.saved_tensors
-        one_hot = torch.zeros_like(softmax).scatter_(-1, index, mine.unsqueeze(-1).float())
-        return (softmax - one_hot) / softmax.shape[0] * grad_output, None, None
 
 
 class NoMax(torch.autograd.Function):
@@ -101,8 +78,9 @@ class WrongTarget(torch.autograd.Function):
         return (softmax - one_hot) / softmax.shape[0] * grad_output, None, None
 
 
-class NoGradOutput(Reference):
-    """Ignores the incoming gradient of the loss."""
+class NoGradOutput(NoMax):
+    """Ignores the incoming gradient of the loss (NoMax's forward: right at the scale of
+    check_backward's logits)."""
     @staticmethod
     def backward(ctx, grad_output):
         softmax, index, mine = ctx.saved_tensors

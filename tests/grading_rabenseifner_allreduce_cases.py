@@ -1,7 +1,8 @@
-"""Rabenseifner's all-reduce, right and wrong, for tests/test_grading_rabenseifner.py.
+"""Wrong halves of Rabenseifner's all-reduce, for tests/test_grading_rabenseifner_allreduce.py.
 
 Imports only torch (the ranks import this module to unpickle each function).
-The reference halves are the assignment's solution, kept identical by a test.
+``chunk_range`` is the assignment's given helper; the reference is the source
+notebook's (tests/sources.py), never a copy here.
 """
 import torch
 import torch.distributed as dist
@@ -11,46 +12,6 @@ def chunk_range(tensor, world_size, first, last):
     """Chunks first..last-1 of tensor.tensor_split(world_size), as one view."""
     sizes = [c.numel() for c in tensor.tensor_split(world_size)]
     return tensor[sum(sizes[:first]):sum(sizes[:last])]
-
-
-def halving_reduce_scatter(tensor):
-    """In place: chunk `rank` of `tensor` becomes the sum over all ranks."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    lo, hi = 0, world_size  # the chunks this rank still reduces
-    distance = world_size // 2
-    while distance >= 1:
-        mid = (lo + hi) // 2
-        upper = rank & distance  # keep the half that holds chunk `rank`
-        keep, give = ((mid, hi), (lo, mid)) if upper else ((lo, mid), (mid, hi))
-        mine = chunk_range(tensor, world_size, *keep)
-        received = torch.empty_like(mine)
-        partner = rank ^ distance
-        requests = [dist.isend(chunk_range(tensor, world_size, *give), partner),
-                    dist.irecv(received, partner)]
-        for request in requests:
-            request.wait()
-        mine.add_(received)
-        (lo, hi), distance = keep, distance // 2
-
-
-def doubling_all_gather(tensor):
-    """In place: chunk `r` of every rank becomes chunk `r` of rank `r`."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    distance = 1
-    while distance < world_size:
-        partner = rank ^ distance
-        mine, theirs = (r // distance * distance for r in (rank, partner))
-        sending = chunk_range(tensor, world_size, mine, mine + distance)
-        arriving = chunk_range(tensor, world_size, theirs, theirs + distance)
-        requests = [dist.isend(sending, partner), dist.irecv(arriving, partner)]
-        for request in requests:
-            request.wait()
-        distance *= 2
-
-
-def rabenseifner_all_reduce(tensor):
-    halving_reduce_scatter(tensor)
-    doubling_all_gather(tensor)
 
 
 def alltoall_reduce_scatter(tensor):

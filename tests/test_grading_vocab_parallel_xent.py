@@ -1,8 +1,9 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_xent.py
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_vocab_parallel_xent.py
 # (add -m "not slow" for the checks alone, ~10 s)
-"""Graded assignment 2 (vocab-parallel cross-entropy): labsupport.grading.xent, then nbgrader.
+"""Graded assignment 2 (vocab-parallel cross-entropy): its grader's checks, then nbgrader.
 
-Layer 1 (unit): each check passes the reference and fails each plausible
+Layer 1 (unit): each check of labsupport.grading.vocab_parallel_xent passes the
+reference (the source notebook's, ``sources.reference``) and fails each plausible
 wrong answer with the message that says what to fix; a deadlock ends at the
 deadline. Layer 4 (slow): `nbgrader generate_assignment`, `autograde` and
 `export` on the assignment in a temporary course directory, with six
@@ -13,11 +14,14 @@ import time
 
 import pytest
 
-import grading_xent_cases as cases
-import labsupport.grading.xent as gx
-from nbgrader_run import assert_cell_scores, assert_exported_totals, autograde
+import grading_vocab_parallel_xent_cases as cases
+import labsupport.grading.vocab_parallel_xent as gx
+import sources
+from nbgrader_run import (assert_cell_scores, assert_exported_totals, assert_release_only,
+                          autograde)
 
 ASSIGNMENT = "vocab_parallel_xent"
+REFERENCE = sources.reference(ASSIGNMENT).VocabParallelCrossEntropy
 SHORT = 3.0   # s, deadline of the unit test that deadlocks on purpose
 
 
@@ -30,10 +34,10 @@ def fails(check, cls, **kwargs) -> str:
 # -- layer 1: the checks ----------------------------------------------------------------
 
 def test_the_reference_passes_every_check():
-    gx.check_forward(cases.Reference)
-    gx.check_forward(cases.Reference, scale=1e4)
-    gx.check_backward(cases.Reference)
-    gx.check_no_gather(cases.Reference)
+    gx.check_forward(REFERENCE)
+    gx.check_forward(REFERENCE, scale=1e4)
+    gx.check_backward(REFERENCE)
+    gx.check_no_gather(REFERENCE)
 
 
 def test_no_max_subtraction_fails_on_large_logits_only():
@@ -68,7 +72,7 @@ def test_a_deadlock_ends_at_the_deadline_then_the_next_check_passes():
     text = fails(gx.check_forward, cases.Deadlock, world_sizes=(2,), timeout=SHORT)
     assert time.monotonic() - t0 < SHORT + 10
     assert "did not finish within 3 s on 2 ranks" in text
-    gx.check_forward(cases.Reference, world_sizes=(2,))
+    gx.check_forward(REFERENCE, world_sizes=(2,))
 
 
 def test_an_unwritten_solution_says_where_to_write():
@@ -115,8 +119,8 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 def test_the_student_version_has_stubs_and_no_solution(graded):
-    release = graded["release"].read_text()
-    assert "### BEGIN SOLUTION" not in release and "ReduceOp.MAX, group=group" not in release
+    release = assert_release_only(graded)
+    assert "ReduceOp.MAX, group=group" not in release
     assert release.count("raise NotImplementedError()") == 2
 
 

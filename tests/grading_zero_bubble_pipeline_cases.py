@@ -1,6 +1,7 @@
-"""Zero-bubble B, W and schedules, right and wrong, for tests/test_grading_zero_bubble.py.
+"""Zero-bubble B, W and schedules, all wrong, for tests/test_grading_zero_bubble_pipeline.py.
 
-Imports only torch (the ranks import this module to unpickle each function).
+Imports only torch (the ranks import this module to unpickle each function). The
+reference is the source notebook's (tests/sources.py), never a copy here.
 """
 import torch
 

@@ -1,6 +1,6 @@
 """Checks of graded assignment 2: vocabulary-parallel cross-entropy, forward and backward.
 
-    import labsupport.grading.xent as gx
+    import labsupport.grading.vocab_parallel_xent as gx
     gx.check_forward(VocabParallelCrossEntropy)                # loss == F.cross_entropy
     gx.check_forward(VocabParallelCrossEntropy, scale=1e4)     # ... on logits that overflow exp
     gx.check_backward(VocabParallelCrossEntropy)               # logits.grad == autograd's

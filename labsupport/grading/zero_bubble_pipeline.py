@@ -1,25 +1,27 @@
-"""Checks for assignment 3: the zero-bubble pipeline schedule ZB-H1 (Qi et al., arXiv 2401.10241).
+"""Checks of assignment 3: the zero-bubble pipeline schedule ZB-H1 (Qi et al., arXiv 2401.10241).
 
-    from labsupport.grading import zero_bubble as gz
+    from labsupport.grading import zero_bubble_pipeline as gz
     gz.check_backward_split(backward_input, backward_weight)  # B, W: single-process grads
-    gz.check_schedule_order(train_step_zb_h1)   # ideal machine (F = B = W = 1): ZB-H1's length
+    gz.check_schedule_order(train_step_zb_h1)   # ideal machine (F = B = W = 1): 3m + p - 1
     gz.check_idle_fraction(train_step_zb_h1)    # recorded timeline: idle well below 1F1B's
     gz.check_memory(train_step_zb_h1)           # micro-batches held per rank <= 1F1B's peak
     gz.check_schedule_grads(train_step_zb_h1, backward_input, backward_weight)
 
 Each check that runs ranks goes through ``labsupport.grading.run`` (a
 deadline; a deadlock is explained); the schedule-level checks play the
-schedule on an ideal machine in the kernel, like ``labsupport.pipeline_sim``
-with W as a third kind of call. Every failure is an AssertionError that
-says what to change. The harness (F, B and W on chapter 5's messages, each
-padded to a fixed time) is ``labsupport.zero_bubble``.
+schedule on an ideal machine in the kernel (``labsupport.pipeline_sim``
+with the backward split into B and W). The yardstick is ZB-H1's length
+there, 3m + p - 1 units for m >= p (the paper's (p-1)(F+B-W) bubble), not
+a reference schedule: none ships with the course. Every failure is an
+AssertionError that says what to change. The harness (F, B and W on
+chapter 5's messages, each padded to a fixed time) is ``labsupport.zero_bubble``.
 """
 import torch
 import torch.nn.functional as F
 
 from labsupport.launch.session import current
 from labsupport.grading import checks as grading
-from labsupport import models, pipeline, timeline
+from labsupport import models, pipeline, pipeline_sim, timeline
 from labsupport import zero_bubble as zb
 
 CASES = ((2, 4), (4, 8))  # (p, m) of the checks
@@ -27,82 +29,49 @@ SHARE = 0.5  # of ZB-H1's ideal saving over 1F1B that the measured idle fraction
 UNIT = zb.UNIT
 
 
-class OrderRecorder:
-    """Stands in for a ZBRank: writes down the schedule's calls (``pp.backward`` is B then W)."""
-
-    def __init__(self, rank, world_size, m):
-        self.rank, self.world_size, self.m, self.v = rank, world_size, m, 1
-        self.num_stages, self.stages, self.ops = world_size, {rank: None}, []
-
-    def forward(self, s, i):
-        self.ops.append(("F", s, i))
-
-    def backward_input(self, s, i):
-        self.ops.append(("B", s, i))
-
-    def backward_weight(self, s, i):
-        self.ops.append(("W", s, i))
-
-    def backward(self, s, i):
-        self.ops += [("B", s, i), ("W", s, i)]
+def zb_h1_units(p, m) -> int:
+    """ZB-H1's step on the ideal machine, F = B = W = 1 unit: 3m compute + p - 1 bubble."""
+    if m < p:
+        raise ValueError(f"the checks use m >= p micro-batches (got p={p}, m={m}): "
+                         "there ZB-H1 takes 3m + p - 1 units")
+    return 3 * m + p - 1
 
 
 def orders(schedule, p, m) -> list[list[tuple]]:
     """Each rank's calls; AssertionError unless each F, B, W of its stage runs once."""
-    result = []
-    for rank in range(p):
-        rec = OrderRecorder(rank, p, m)
-        schedule(rec)
-        want = {(k, rank, i) for k in "FBW" for i in range(m)}
-        missing = sorted(want - set(rec.ops), key=lambda op: (op[2], op[0]))
-        extra = sorted({op for op in rec.ops if rec.ops.count(op) > 1 or op not in want})
-        if missing or extra:
-            dropped = [op for op in missing if op[0] == "W"]
-            raise AssertionError(
-                f"{_name(schedule)}: on p={p} ranks with m={m}, rank {rank} must call F, B and "
-                f"W of its stage {rank} once for each micro-batch 0..{m - 1}: missing "
-                f"{_ops(missing)}, repeated or foreign {_ops(extra)}."
-                + (" A W that never runs is a weight gradient never computed: every B needs "
-                   "its W, later." if dropped else ""))
-        result.append(rec.ops)
-    return result
-
-
-def _needs(op, p):
-    kind, s, i = op
-    if kind == "F":
-        return [("F", s - 1, i)] if s > 0 else []
-    if kind == "B":
-        return [("F", s, i)] + ([("B", s + 1, i)] if s < p - 1 else [])
-    return [("B", s, i)]
+    try:
+        return pipeline_sim.orders(schedule, p, m, split=True)
+    except ValueError as bad:
+        if not hasattr(bad, "missing"):  # not pipeline_sim's incomplete schedule
+            raise
+        dropped = [op for op in bad.missing if op[0] == "W"]
+        raise AssertionError(
+            f"{_name(schedule)}: on p={p} ranks with m={m}, rank {bad.rank} must call F, B and "
+            f"W of its stage {bad.rank} once for each micro-batch 0..{m - 1}: missing "
+            f"{_ops(sorted(bad.missing, key=lambda op: (op[2], op[0])))}, repeated or "
+            f"foreign {_ops(bad.extra)}."
+            + (" A W that never runs is a weight gradient never computed: every B needs "
+               "its W, later." if dropped else "")) from None
 
 
 def ideal_events(schedule, p, m) -> list[dict]:
     """The schedule on an ideal machine: F = B = W = 1 time unit, free messages."""
-    ops = orders(schedule, p, m)
-    done, free, pos = {}, [0.0] * p, [0] * p
-    tls = [timeline.Timeline(rank) for rank in range(p)]
-    while any(pos[r] < len(ops[r]) for r in range(p)):
-        progressed = False
-        for r in range(p):
-            while pos[r] < len(ops[r]) and all(d in done for d in _needs(ops[r][pos[r]], p)):
-                op = ops[r][pos[r]]
-                start = max([free[r]] + [done[d] for d in _needs(op, p)])
-                free[r] = done[op] = start + 1.0
-                tls[r].record("compute", op[0], start, free[r], stage=op[1], mb=op[2])
-                pos[r], progressed = pos[r] + 1, True
-        if not progressed:
-            raise AssertionError(_deadlock(schedule, p, m, ops, pos))
-    return timeline.merge([tl.events for tl in tls])
+    orders(schedule, p, m)  # complete, or say what is missing
+    try:
+        return pipeline_sim.ideal_events(schedule, p, m, t_f=1.0, t_b=1.0, t_w=1.0, split=True)
+    except RuntimeError as stuck:
+        if not hasattr(stuck, "stuck"):  # not pipeline_sim's deadlock
+            raise
+        raise AssertionError(_deadlock(schedule, p, m, stuck)) from None
 
 
-def _deadlock(schedule, p, m, ops, pos) -> str:
-    stuck = {r: ops[r][pos[r]] for r in range(p) if pos[r] < len(ops[r])}
-    early = [f"rank {r} calls W of micro-batch {op[2]} before its B" for r, op in stuck.items()
-             if op[0] == "W" and ("B", op[1], op[2]) in ops[r][pos[r]:]]
+def _deadlock(schedule, p, m, stuck) -> str:
+    early = [f"rank {r} calls W of micro-batch {op[2]} before its B"
+             for r, op in stuck.stuck.items()
+             if op[0] == "W" and ("B", op[1], op[2]) in stuck.ops[r][stuck.ops[r].index(op):]]
     return (f"{_name(schedule)} deadlocks on p={p} ranks with m={m}: every rank waits for a "
             "call no rank will make (" + ", ".join(f"rank {r} at {_ops([op])}"
-                                                   for r, op in stuck.items()) + ")."
+                                                   for r, op in stuck.stuck.items()) + ")."
             + (" " + "; ".join(early) + ": W needs the dL/dz that B computes." if early else ""))
 
 
@@ -111,7 +80,7 @@ def check_schedule_order(schedule, cases=CASES):
     for p, m in cases:
         events = ideal_events(schedule, p, m)
         span = max(e["end"] for e in events)
-        target = max(e["end"] for e in ideal_events(zb.train_step_zb_h1, p, m))
+        target = zb_h1_units(p, m)
         if span > target:
             raise AssertionError(
                 f"{_name(schedule)} takes {span:g} time units on p={p} ranks with m={m} on an "
@@ -140,7 +109,7 @@ def _late_b(events) -> str:
 
 def _ready(events, b, t) -> bool:
     ends = {(e["name"], e["stage"], e["mb"]): e["end"] for e in events}
-    needs = _needs(("B", b["stage"], b["mb"]), max(e["rank"] for e in events) + 1)
+    needs = pipeline_sim.needs(("B", b["stage"], b["mb"]), max(e["rank"] for e in events) + 1)
     return all(ends[d] <= t for d in needs)
 
 
@@ -153,11 +122,13 @@ def check_backward_split(input_grad, weight_grad, cases=CASES, *, timeout=None):
         _assert_same(out, p, m, name)
 
 
-def check_schedule_grads(schedule, input_grad=zb.backward_input,
-                         weight_grad=zb.backward_weight, cases=CASES, *, timeout=None):
-    """The schedule, on the ranks, gives single-process loss and gradients."""
+def check_schedule_grads(schedule, input_grad=None, weight_grad=None, cases=CASES, *,
+                         timeout=None):
+    """The schedule, on the ranks, gives single-process loss and gradients (with the
+    student's B and W when given, else with autograd's)."""
+    fns = None if input_grad is None else (input_grad, weight_grad)
     for p, m in cases:
-        out = _run(_name(schedule), schedule, (input_grad, weight_grad), p, m, 0.0, timeout)
+        out = _run(_name(schedule), schedule, fns, p, m, 0.0, timeout)
         _assert_same(out, p, m, _name(schedule))
 
 
@@ -165,8 +136,7 @@ def check_memory(schedule, cases=CASES, *, timeout=None):
     """No rank holds more micro-batches (from F to W) than 1F1B's first rank: min(p, m)."""
     for p, m in cases:
         ideal_events(schedule, p, m)  # complete, no deadlock: else say so, without a run
-        out = _run(_name(schedule), schedule, (zb.backward_input, zb.backward_weight),
-                   p, m, 0.0, timeout)
+        out = _run(_name(schedule), schedule, None, p, m, 0.0, timeout)
         peaks = [o["peak"] for o in out]
         if max(peaks) > min(p, m):
             raise AssertionError(
@@ -191,7 +161,7 @@ def check_idle_fraction(schedule, cases=CASES, *, share=SHARE, unit=UNIT, runs=2
         ideal_events(schedule, p, m)  # complete, no deadlock: else say so, without a run
         ours = _idle(schedule, p, m, unit, runs, timeout)
         ref = _idle(pipeline.train_step_1f1b, p, m, unit, runs, timeout)
-        ideal = timeline.bubble(ideal_events(zb.train_step_zb_h1, p, m))["fraction"]
+        ideal = (p - 1) / zb_h1_units(p, m)  # every rank computes 3m of the 3m + p - 1 units
         limit = ref - share * (ref - ideal)
         rows.append(dict(p=p, m=m, measured=ours, one_f_one_b=ref, zb_h1_ideal=ideal,
                          limit=limit))
@@ -210,8 +180,7 @@ def _idle(schedule, p, m, unit, runs, timeout) -> float:
     """The idle fraction of the least disturbed of ``runs`` runs (shortest window)."""
     best = None
     for _ in range(runs):
-        out = _run(_name(schedule), schedule, (zb.backward_input, zb.backward_weight),
-                   p, m, unit, timeout)
+        out = _run(_name(schedule), schedule, None, p, m, unit, timeout)
         bubble = timeline.bubble(timeline.merge([o["events"] for o in out]))
         if best is None or bubble["window"] < best["window"]:
             best = bubble

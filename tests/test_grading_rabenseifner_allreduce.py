@@ -1,29 +1,29 @@
-# Run: .venv/bin/python -m pytest tests/test_grading_rabenseifner.py   (~2 min; -m "not slow": ~20 s)
+# Run: .venv/bin/python -m pytest tests/test_grading_rabenseifner_allreduce.py   (~2 min; -m "not slow": ~20 s)
 """Assignment 1 (Rabenseifner's all-reduce): its checks, then the real nbgrader pipeline.
 
-Layer 1 (unit): ``labsupport.grading.rabenseifner`` counts rounds and bytes;
-the reference passes every check, chapter 2's ring passes all but the rounds,
+Layer 1 (unit): ``labsupport.grading.rabenseifner_allreduce`` counts rounds and
+bytes; the reference (the source notebook's, ``sources.reference``) passes every check, chapter 2's ring passes all but the rounds,
 an all-to-all fails the bytes, a deadlock ends at the deadline. Layer 4
 (slow): `nbgrader generate_assignment`, `autograde` and `export` on five
 submissions whose scores, per test cell and in the exported CSV, are known.
 """
 import inspect
-import re
 import textwrap
 import time
 
-import nbformat
 import pytest
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport.grading import rabenseifner as gr
-import grading_rabenseifner_fns as fns
+from labsupport.grading import rabenseifner_allreduce as gr
+import grading_rabenseifner_allreduce_cases as fns
+import sources
 from grading_rings import direct_all_gather, ring_all_reduce
-from nbgrader_run import (DEADLINE, assert_cell_scores, assert_exported_totals, autograde,
-                          cell_seconds, source_path)
+from nbgrader_run import (DEADLINE, assert_cell_scores, assert_exported_totals,
+                          assert_release_only, autograde, cell_seconds)
 
 ASSIGNMENT = "rabenseifner_allreduce"
+ref = sources.reference(ASSIGNMENT)
 SHORT = 2.0  # s, deadline of the unit tests that deadlock on purpose
 
 
@@ -44,16 +44,16 @@ def test_count_rounds_counts_runs_of_sends_to_one_partner():
 
 
 def test_the_reference_passes_every_check():
-    ls.grading.check_reduce_scatter(fns.halving_reduce_scatter, world_sizes=(1, 2, 4, 8),
+    ls.grading.check_reduce_scatter(ref.halving_reduce_scatter, world_sizes=(1, 2, 4, 8),
                                     sizes=(8, 10, 13, 17))
-    ls.grading.check_all_gather(fns.doubling_all_gather, world_sizes=(1, 2, 4, 8),
+    ls.grading.check_all_gather(ref.doubling_all_gather, world_sizes=(1, 2, 4, 8),
                                 sizes=(8, 13, 17))
-    ls.grading.check_allreduce(fns.rabenseifner_all_reduce)
-    gr.check_rounds(fns.rabenseifner_all_reduce, world_sizes=(1, 2, 4, 8))
-    gr.check_traffic(fns.rabenseifner_all_reduce, world_sizes=(1, 2, 4, 8),
+    ls.grading.check_allreduce(ref.rabenseifner_all_reduce)
+    gr.check_rounds(ref.rabenseifner_all_reduce, world_sizes=(1, 2, 4, 8))
+    gr.check_traffic(ref.rabenseifner_all_reduce, world_sizes=(1, 2, 4, 8),
                      sizes=(8, 10, 13, 17))
-    gr.check_rounds(fns.halving_reduce_scatter, "reduce_scatter")
-    gr.check_traffic(fns.doubling_all_gather, "all_gather")
+    gr.check_rounds(ref.halving_reduce_scatter, "reduce_scatter")
+    gr.check_traffic(ref.doubling_all_gather, "all_gather")
 
 
 def test_the_ring_is_right_but_loses_the_rounds_saying_why():
@@ -105,7 +105,7 @@ def test_a_deadlock_ends_at_the_deadline_saying_who_waited():
     assert time.monotonic() - t0 < SHORT + 5
     assert text.startswith("send_first_reduce_scatter did not finish within 2 s on 2 ranks")
     assert "Every stuck rank was sending" in text
-    gr.check_rounds(fns.rabenseifner_all_reduce)  # the next check runs on fresh ranks
+    gr.check_rounds(ref.rabenseifner_all_reduce)  # the next check runs on fresh ranks
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -114,19 +114,7 @@ def test_a_deadlock_ends_at_the_deadline_saying_who_waited():
 ])
 def test_bad_arguments_say_what_to_pass(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        gr.check_rounds(fns.rabenseifner_all_reduce, **kwargs)
-
-
-def solution_source(nb, grade_id) -> str:
-    source = next(c.source for c in nb.cells
-                  if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
-    return re.sub(r"\n *### (BEGIN|END) SOLUTION", "", source)
-
-
-def test_the_reference_here_is_the_assignments_solution():
-    nb = nbformat.read(source_path(ASSIGNMENT), as_version=4)
-    for fn in (fns.chunk_range, fns.halving_reduce_scatter, fns.doubling_all_gather):
-        assert solution_source(nb, fn.__name__) == inspect.getsource(fn).strip(), fn.__name__
+        gr.check_rounds(ref.rabenseifner_all_reduce, **kwargs)
 
 
 # -- layer 4: nbgrader on assignment 1 ------------------------------------------------
@@ -199,8 +187,7 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 def test_the_student_version_has_stubs_and_no_hidden_tests(graded):
-    release = graded["release"].read_text()
-    assert "### BEGIN SOLUTION" not in release and "HIDDEN TESTS" not in release
+    release = assert_release_only(graded)
     assert "sizes=(10, 13)" not in release  # the hidden sizes
     assert release.count("raise NotImplementedError()") == 2
 

@@ -1,8 +1,8 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_ring_attention.py   (add -m "not slow": the checks alone)
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_zigzag_ring_attention.py   (add -m "not slow": the checks alone)
 """Assignment 6 (zig-zag ring attention): its checks, then the real nbgrader pipeline.
 
-Layer 1 (unit): labsupport.grading.ring_attention's checks pass a correct
-zig-zag ring and fail each plausible wrong one with the message that tells
+Layer 1 (unit): labsupport.grading.zigzag_ring_attention's checks pass the
+reference (the source notebook's, ``sources.reference``) and fail each plausible wrong one with the message that tells
 the student what to fix (a contiguous layout is right but unbalanced; a
 wrong merge; q sent too; a collective; a deadlock ends at the deadline).
 Layer 4 (slow): `nbgrader generate_assignment`, `autograde` and `export` on
@@ -12,15 +12,17 @@ the assignment with five submissions whose scores per test cell are known.
 import pytest
 
 import labsupport as ls
-from grading_zigzag import (
+import sources
+from grading_zigzag_ring_attention_cases import (
     all_gather_attention, blocking_attention, contiguous_positions, contiguous_ring_attention,
-    overlapping_positions, sends_q_too_attention, wrong_merge_attention, zigzag_positions,
-    zigzag_ring_attention)
-from nbgrader_run import assert_cell_scores, assert_exported_totals, autograde
+    overlapping_positions, sends_q_too_attention, wrong_merge_attention, zigzag_positions)
+from nbgrader_run import (assert_cell_scores, assert_exported_totals, assert_release_only,
+                          autograde)
 
 ASSIGNMENT = "zigzag_ring_attention"
 SHORT = 2.0  # s, deadline of the unit test that deadlocks on purpose
-g = ls.grading.ring_attention
+g = ls.grading.zigzag_ring_attention
+ref = sources.reference(ASSIGNMENT)
 
 
 def fails(check, *args, **kwargs) -> str:
@@ -31,11 +33,11 @@ def fails(check, *args, **kwargs) -> str:
 
 # -- layer 1: the checks ----------------------------------------------------------------
 
-def test_the_zigzag_ring_passes_every_check():
-    g.check_positions(zigzag_positions)
-    g.check_output(zigzag_positions, zigzag_ring_attention, lengths=(8, 16, 24, 40))
-    g.check_traffic(zigzag_positions, zigzag_ring_attention)
-    g.check_balance(zigzag_positions, zigzag_ring_attention)
+def test_the_reference_passes_every_check():
+    g.check_positions(ref.zigzag_positions)
+    g.check_output(ref.zigzag_positions, ref.zigzag_ring_attention, lengths=(8, 16, 24, 40))
+    g.check_traffic(ref.zigzag_positions, ref.zigzag_ring_attention)
+    g.check_balance(ref.zigzag_positions, ref.zigzag_ring_attention)
 
 
 def test_contiguous_blocks_are_right_but_lose_the_balance_check():
@@ -142,8 +144,7 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 def test_the_student_version_has_stubs_and_no_hidden_tests(graded):
-    release = graded["release"].read_text()
-    assert "### BEGIN SOLUTION" not in release and "HIDDEN TESTS" not in release
+    release = assert_release_only(graded)
     assert "lengths=(40,)" not in release
     assert release.count("raise NotImplementedError()") == 2
 

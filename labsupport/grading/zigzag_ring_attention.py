@@ -1,7 +1,7 @@
 """Checks of assignment 6: causal ring attention with the zig-zag layout, forward.
 
     import labsupport as ls
-    g = ls.grading.ring_attention
+    g = ls.grading.zigzag_ring_attention
     g.check_positions(zigzag_positions)                    # a partition, s/N each
     g.check_output(zigzag_positions, zigzag_ring_attention, world_sizes=(2,))
     g.check_traffic(zigzag_positions, zigzag_ring_attention)  # N-1 K/V blocks

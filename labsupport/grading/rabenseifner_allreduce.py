@@ -1,6 +1,6 @@
 """Checks for assignment 1: Rabenseifner's all-reduce, rounds and bytes counted.
 
-    from labsupport.grading import rabenseifner as gr
+    from labsupport.grading import rabenseifner_allreduce as gr
     ls.grading.check_reduce_scatter(halving_reduce_scatter)   # the results: labsupport.grading
     gr.check_rounds(rabenseifner_all_reduce)          # 2*log2(N) rounds, counted from the calls
     gr.check_traffic(rabenseifner_all_reduce)         # 2(N-1)/N*S bytes sent per rank

@@ -1,27 +1,27 @@
-# Run: .venv/bin/python -m pytest tests/test_grading_zero_bubble.py   (~3 min; -m "not slow": ~1 min)
+# Run: .venv/bin/python -m pytest tests/test_grading_zero_bubble_pipeline.py   (~3 min; -m "not slow": ~1 min)
 """Assignment 3 (the zero-bubble schedule ZB-H1): its checks, then the real nbgrader pipeline.
 
-Layer 1 (unit): ``labsupport.grading.zero_bubble`` on the reference and on
+Layer 1 (unit): ``labsupport.grading.zero_bubble_pipeline`` on the
+reference (read from the source notebook: ``sources.reference``) and on
 each plausible wrong B, W and schedule, with the message each gets; the
 ideal machine against the paper's numbers. Layer 4 (slow): `nbgrader
 generate_assignment`, `autograde` and `export` on five submissions whose
 scores, per test cell and in the exported CSV, are known.
 """
 import inspect
-import re
 import time
 
-import nbformat
 import pytest
 
 from labsupport import timeline
-from labsupport.grading import zero_bubble as gz
-from labsupport import zero_bubble as zb
-import grading_zero_bubble_fns as fns
-from nbgrader_run import (DEADLINE, assert_cell_scores, assert_exported_totals, autograde,
-                          autograded, cell_seconds, source_path)
+from labsupport.grading import zero_bubble_pipeline as gz
+import grading_zero_bubble_pipeline_cases as fns
+import sources
+from nbgrader_run import (DEADLINE, assert_cell_scores, assert_exported_totals,
+                          assert_release_only, autograde, autograded, cell_seconds)
 
 ASSIGNMENT = "zero_bubble_pipeline"
+ref = sources.reference(ASSIGNMENT)
 SHORT = 3.0  # s, deadline of the unit tests that deadlock on purpose
 
 
@@ -36,23 +36,29 @@ def fails(check, *args, **kwargs) -> str:
 @pytest.mark.parametrize("p, m", [(2, 4), (4, 4), (4, 8), (3, 6), (8, 16), (4, 5)])
 def test_zb_h1_takes_3m_plus_p_minus_1_units_and_holds_min_p_m(p, m):
     """Qi et al.: bubble (p-1)(F+B-W) = p-1 units when F = B = W = 1 (m >= p)."""
-    events = gz.ideal_events(zb.train_step_zb_h1, p, m)
-    assert max(e["end"] for e in events) == 3 * m + p - 1
+    events = gz.ideal_events(ref.train_step_zb_h1, p, m)
+    assert max(e["end"] for e in events) == 3 * m + p - 1 == gz.zb_h1_units(p, m)
     assert timeline.bubble(events)["fraction"] == pytest.approx((p - 1) / (3 * m + p - 1))
-    for rank, ops in enumerate(gz.orders(zb.train_step_zb_h1, p, m)):
+    for rank, ops in enumerate(gz.orders(ref.train_step_zb_h1, p, m)):
         held = [sum((k == "F") - (k == "W") for k, _, _ in ops[:j + 1]) for j in range(len(ops))]
         assert max(held) == min(p, m), rank
 
 
 def test_the_reference_passes_every_check():
-    gz.check_backward_split(zb.backward_input, zb.backward_weight)
-    gz.check_schedule_order(zb.train_step_zb_h1, cases=gz.CASES + ((4, 5), (8, 16)))
-    gz.check_memory(zb.train_step_zb_h1)
-    gz.check_schedule_grads(zb.train_step_zb_h1)
+    gz.check_backward_split(ref.backward_input, ref.backward_weight)
+    gz.check_schedule_order(ref.train_step_zb_h1, cases=gz.CASES + ((4, 5), (8, 16)))
+    gz.check_memory(ref.train_step_zb_h1)
+    gz.check_schedule_grads(ref.train_step_zb_h1)
+    gz.check_schedule_grads(ref.train_step_zb_h1, ref.backward_input, ref.backward_weight)
+
+
+def test_fewer_micro_batches_than_stages_are_refused():
+    with pytest.raises(ValueError, match="m >= p"):
+        gz.check_schedule_order(ref.train_step_zb_h1, cases=((4, 2),))
 
 
 def test_the_idle_fraction_of_zb_h1_is_below_1f1b_and_w_at_once_is_not_enough():
-    rows = gz.check_idle_fraction(zb.train_step_zb_h1)
+    rows = gz.check_idle_fraction(ref.train_step_zb_h1)
     for row in rows:  # measured under load on 2 shared cores: printed, not asserted
         print(f"p={row['p']} m={row['m']}: ZB-H1 {row['measured']:.3f}, 1F1B "
               f"{row['one_f_one_b']:.3f}, limit {row['limit']:.3f}, ideal "
@@ -105,7 +111,7 @@ def test_a_deadlock_ends_at_the_deadline_with_the_ideal_machines_diagnosis():
     assert text.startswith("train_step_mixed_up did not finish within 3 s on 2 ranks")
     assert "waited" in text and "dist.irecv" in text
     assert "On an ideal machine: train_step_mixed_up deadlocks" in text
-    gz.check_schedule_grads(zb.train_step_zb_h1)  # the next check runs on fresh ranks
+    gz.check_schedule_grads(ref.train_step_zb_h1)  # the next check runs on fresh ranks
 
 
 @pytest.mark.parametrize("weight_grad, message", [
@@ -114,24 +120,15 @@ def test_a_deadlock_ends_at_the_deadline_with_the_ideal_machines_diagnosis():
     (fns.backward_weight_noop, "backward_weight_noop left every .grad of stage 0 unchanged"),
 ])
 def test_a_wrong_w_fails_the_split_check(weight_grad, message):
-    text = fails(gz.check_backward_split, zb.backward_input, weight_grad)
+    text = fails(gz.check_backward_split, ref.backward_input, weight_grad)
     assert message in text
     assert 'File "labsupport/' not in text
 
 
 def test_a_b_without_the_layer_gradients_says_what_to_return():
-    text = fails(gz.check_backward_split, fns.backward_input_no_dzs, zb.backward_weight)
+    text = fails(gz.check_backward_split, fns.backward_input_no_dzs, ref.backward_weight)
     assert "backward_input_no_dzs must return (dx, dzs)" in text
     assert "one dL/dz per Linear layer" in text
-
-
-def test_the_reference_is_the_assignments_solution():
-    nb = nbformat.read(source_path(ASSIGNMENT), as_version=4)
-    for fn in (zb.backward_input, zb.backward_weight, zb.train_step_zb_h1):
-        source = next(c.source for c in nb.cells
-                      if c.metadata.get("nbgrader", {}).get("grade_id") == fn.__name__)
-        assert re.sub(r"\n *### (BEGIN|END) SOLUTION", "", source) == \
-            inspect.getsource(fn).strip(), fn.__name__
 
 
 # -- layer 4: nbgrader on assignment 3 ------------------------------------------------
@@ -172,8 +169,7 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 def test_the_student_version_has_stubs_and_no_hidden_tests(graded):
-    release = graded["release"].read_text()
-    assert "### BEGIN SOLUTION" not in release and "HIDDEN TESTS" not in release
+    release = assert_release_only(graded)
     assert "(8, 16)" not in release
     assert release.count("raise NotImplementedError()") == 3
 

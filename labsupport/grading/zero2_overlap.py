@@ -1,10 +1,10 @@
 """Checks of assignment 5: ZeRO-2 with gradients reduce-scattered in buckets during backward.
 
-    import labsupport.grading.zero as gz
+    import labsupport.grading.zero2_overlap as gz
     gz.check_parity(Zero2Overlap)          # = single-process AdamW after K steps, N = 2 and 4
     gz.check_reduce_scatter(Zero2Overlap)  # one reduce-scatter per bucket, no all-reduce
     gz.check_overlap(Zero2Overlap)         # each issued during backward, asynchronously
-    gz.check_memory(Zero2Overlap)          # gradients freed as they go; only shards remain
+    gz.check_memory(Zero2Overlap)          # gradient memory: two buckets at most, shards after
 
 The student's class is ``Zero2Overlap(model, bucket_numel, **adamw)`` with
 ``finish()`` (after backward: wait, keep the mean gradient shards) and
@@ -12,23 +12,24 @@ The student's class is ``Zero2Overlap(model, bucket_numel, **adamw)`` with
 ``shard_numel``, ``param_shard`` and ``grad``. Every check runs it on the
 ranks through ``labsupport.grading.run``, so a deadlock ends at the
 grading deadline with an AssertionError saying where each rank was stuck.
+The calls are those of ``labsupport.calls``; the gradient memory is a tally
+of live storages (``memory.PeakTally``): every ``.grad`` autograd makes and
+everything the student's hooks and ``finish()`` allocate, counted until it
+is freed, so a buffer that only a collective's work still holds counts.
 ZeRO: Rajbhandari et al. 2020 (arXiv 1910.02054), §5.2 (P_g: "we use a
 bucketization strategy ... reduce-scatter").
 """
-import contextlib
-
 import torch
 import torch.distributed as dist
 
-from labsupport import memory, models
+from labsupport import calls, memory, models
 from labsupport.grading import checks as grading
 
 CFG = models.GPTConfig(vocab_size=37, seq_len=8, hidden=15, heads=3, layers=2)  # Ψ odd
 STEPS, BATCH = 3, 8
 ADAMW = dict(lr=1e-2, weight_decay=0.1)
 TOL = dict(rtol=1e-9, atol=1e-9)  # fp64: another order of additions, magnified by Adam
-_COLLECTIVES = ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter",
-                "all_reduce", "all_gather_single", "all_gather_into_tensor", "all_gather")
+IN_FLIGHT = 2  # buckets whose full gradient may be alive at once: one reduced, one filling
 
 
 def new_model():
@@ -51,34 +52,29 @@ def reference(steps=STEPS) -> list:
     return [p.detach() for p in model.parameters()]
 
 
-class _Log:
-    """Collective calls on this rank, and gradient bytes seen during backward."""
+class GradTally:
+    """Bytes of the storages that hold gradient data on this rank, live and at their
+    peak: each .grad as backward makes it, and what the student's gradient hooks and
+    finish() allocate (bucket buffers, shards), each until it is freed."""
 
-    def __init__(self):
-        self.calls, self.in_backward, self.peak_grad_bytes = [], False, 0
+    def __init__(self, params):
+        self.params, self.tally = params, memory.PeakTally()
+        self.tally.counting, self.peak, self.most_grads = False, 0, 0
 
+    def before_hook(self, param):  # registered before the student's hook: runs first
+        self.tally.add([param.grad])
+        self.tally.counting = True
 
-@contextlib.contextmanager
-def _recording(log: _Log):
-    """Patch torch.distributed's collectives to log each call (name, sizes, when)."""
-    originals = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+    def after_hook(self, param):   # registered after it
+        self.tally.counting = False
+        self.peak = max(self.peak, self.tally.peak, self.tally.live)
+        self.most_grads = max(self.most_grads, sum(p.grad is not None for p in self.params))
 
-    def wrap(name, fn):
-        def logged(*args, **kwargs):
-            tensors = [a for a in args[:2] if torch.is_tensor(a)]
-            log.calls.append(dict(name=name, numel=[t.numel() for t in tensors],
-                                  nbytes=[t.numel() * t.element_size() for t in tensors],
-                                  async_op=bool(kwargs.get("async_op", False)),
-                                  in_backward=log.in_backward))
-            return fn(*args, **kwargs)
-        return logged
-    for name, fn in originals.items():
-        setattr(dist, name, wrap(name, fn))
-    try:
-        yield log
-    finally:
-        for name, fn in originals.items():
-            setattr(dist, name, fn)
+    def restart_peak(self) -> int:
+        """The peak so far; the next one starts from what is live now."""
+        peak, self.peak = self.peak, 0
+        self.tally.peak = self.tally.live
+        return peak
 
 
 def _train(cls, bucket_numel, steps) -> dict:
@@ -86,38 +82,42 @@ def _train(cls, bucket_numel, steps) -> dict:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model = new_model()
     params = list(model.parameters())
-    zero = cls(model, bucket_numel, **ADAMW)
-    log = _Log()
-
-    def tally(_):  # runs after the student's own hook on each parameter
-        held = memory.storage_bytes(p.grad for p in params)
-        log.peak_grad_bytes = max(log.peak_grad_bytes, held)
+    grads = GradTally(params)
     for p in params:
-        p.register_post_accumulate_grad_hook(tally)
-    with _recording(log):
+        p.register_post_accumulate_grad_hook(grads.before_hook)
+    zero = cls(model, bucket_numel, **ADAMW)
+    for p in params:
+        p.register_post_accumulate_grad_hook(grads.after_hook)
+    backward_peak = 0
+    with calls.record() as log:
         for step in range(steps):
             start = len(log.calls)                # the last step's calls are returned
             ids, targets = (models.shard(t, rank, world_size) for t in batch(step))
             loss = model(ids, targets)
-            log.in_backward = True
-            loss.backward()
-            log.in_backward = False
-            zero.finish()
-            after = _after_finish(zero, params)
+            grads.restart_peak()
+            with grads.tally:
+                loss.backward()
+            backward_peak = max(backward_peak, grads.restart_peak())
+            with grads.tally:
+                grads.tally.counting = True       # what finish() keeps is gradient data
+                zero.finish()
+                grads.tally.counting = False
+            after = _after_finish(zero, params, grads.tally.live)
             zero.step()
     buckets = [dict(numel=b.numel, padded=b.data.numel(), shard=b.shard_numel)
                for b in zero.buckets]
     return dict(params=[p.detach().clone() for p in params], calls=log.calls[start:],
-                peak_grad_bytes=log.peak_grad_bytes, after=after, buckets=buckets,
-                max_param_bytes=max(p.numel() for p in params) * 8)
+                peak_grad_bytes=backward_peak, most_grads=grads.most_grads, after=after,
+                buckets=buckets, max_param_bytes=max(p.numel() for p in params) * 8)
 
 
-def _after_finish(zero, params) -> dict:
+def _after_finish(zero, params, live) -> dict:
     """What the rank still holds once finish() returned."""
     return dict(param_grads=[tuple(p.shape) for p in params if p.grad is not None],
                 bucket_grads=[i for i, b in enumerate(zero.buckets)
                               if getattr(b, "grad", None) is not None],
-                shard_grads=[memory.storage_bytes([b.param_shard.grad]) for b in zero.buckets])
+                shard_grads=[memory.storage_bytes([b.param_shard.grad]) for b in zero.buckets],
+                live=live)
 
 
 def _runs(cls, world_sizes, bucket_numel, timeout):
@@ -147,9 +147,8 @@ def check_reduce_scatter(cls, world_sizes=(2, 4), bucket_numel=1000, *, timeout=
     """Per step and rank: one reduce-scatter per bucket, of the padded bucket, nothing else."""
     for n, ranks in _runs(cls, world_sizes, bucket_numel, timeout).items():
         for rank, run in enumerate(ranks):
-            grads = [c for c in run["calls"] if c["name"] != "all_gather_single"
-                     or c["in_backward"]]
-            names = sorted({c["name"] for c in grads})
+            grads = _gradient_calls(run)
+            names = sorted({c["op"] for c in grads})
             if any(not name.startswith("reduce_scatter") for name in names):
                 raise AssertionError(
                     f"rank {rank} of {n} used {', '.join(names)} for the gradients. ZeRO-2 "
@@ -161,7 +160,7 @@ def check_reduce_scatter(cls, world_sizes=(2, 4), bucket_numel=1000, *, timeout=
 
 def _assert_one_per_bucket(calls, buckets, rank, n):
     want = [(b["padded"], b["shard"]) for b in buckets]
-    got = [tuple(reversed(c["numel"])) for c in calls]   # (input, output)
+    got = [tuple(reversed(c["sizes"])) for c in calls]   # (input, output)
     if sorted(got) != sorted(want):
         raise AssertionError(
             f"rank {rank} of {n}: one step made {len(got)} reduce-scatter(s) of "
@@ -174,10 +173,9 @@ def check_overlap(cls, world_sizes=(2,), bucket_numel=1000, *, timeout=None):
     """Every bucket's reduce-scatter is issued during backward, asynchronously."""
     for n, ranks in _runs(cls, world_sizes, bucket_numel, timeout).items():
         for rank, run in enumerate(ranks):
-            grads = [c for c in run["calls"] if c["name"] != "all_gather_single"
-                     or c["in_backward"]]
-            late = [c["name"] for c in grads if not c["in_backward"]]
-            blocking = [c["name"] for c in grads if not c["async_op"]]
+            grads = _gradient_calls(run)
+            late = [c["op"] for c in grads if not c["in_backward"]]
+            blocking = [c["op"] for c in grads if not c["async_op"]]
             if late or blocking or len(grads) < len(run["buckets"]):
                 raise AssertionError(
                     f"rank {rank} of {n}: of {len(run['buckets'])} buckets' gradient "
@@ -188,30 +186,60 @@ def check_overlap(cls, world_sizes=(2,), bucket_numel=1000, *, timeout=None):
                     "works while backward computes the earlier layers.")
 
 
+def _gradient_calls(run) -> list:
+    """The step's collectives on gradients: all but step()'s parameter all-gathers."""
+    return [c for c in run["calls"] if c["kind"] == "collective"
+            and (not c["op"].startswith("all_gather") or c["in_backward"])]
+
+
 def check_memory(cls, world_sizes=(2,), bucket_numel=1000, *, timeout=None):
-    """Gradients are freed as they go: a bounded peak in backward, only shards after."""
+    """Gradient memory during backward: at most IN_FLIGHT buckets' full gradients, one
+    parameter's .grad and this rank's shards; after finish(), the shards only."""
     for n, ranks in _runs(cls, world_sizes, bucket_numel, timeout).items():
         for rank, run in enumerate(ranks):
-            after = run["after"]
-            if after["param_grads"] or after["bucket_grads"]:
-                raise AssertionError(
-                    f"rank {rank} of {n}: after finish(), {len(after['param_grads'])} "
-                    f"parameters still hold a .grad and buckets {after['bucket_grads']} "
-                    "their full gradient buffer. ZeRO-2 keeps only this rank's shard: set "
-                    "param.grad = None once it is copied into its bucket, and bucket.grad = "
-                    "None once its reduce-scatter has finished.")
-            shards = [8 * b["shard"] for b in run["buckets"]]
-            if after["shard_grads"] != shards:
-                raise AssertionError(
-                    f"rank {rank} of {n}: after finish(), the gradient shards hold "
-                    f"{after['shard_grads']} bytes (their whole storage, counted by "
-                    f"memory.storage_bytes); expected {shards}: bucket.param_shard.grad "
-                    "must be a tensor of its own, the mean of this rank's shard only (a "
-                    "view into the full bucket keeps the whole bucket alive).")
-            bound = 8 * max(b["padded"] for b in run["buckets"]) + run["max_param_bytes"]
-            if run["peak_grad_bytes"] > bound:
-                raise AssertionError(
-                    f"rank {rank} of {n}: during backward the parameters' .grad held up to "
-                    f"{run['peak_grad_bytes']:,} bytes, more than one bucket and one "
-                    f"parameter ({bound:,} bytes): free each .grad in the hook, as soon as "
-                    "it is copied into its bucket, not at the end of backward.")
+            _assert_freed_after_finish(run, rank, n)
+            _assert_backward_peak(run, rank, n)
+
+
+def _assert_freed_after_finish(run, rank, n):
+    after, shards = run["after"], [8 * b["shard"] for b in run["buckets"]]
+    if after["param_grads"] or after["bucket_grads"]:
+        raise AssertionError(
+            f"rank {rank} of {n}: after finish(), {len(after['param_grads'])} "
+            f"parameters still hold a .grad and buckets {after['bucket_grads']} "
+            "their full gradient buffer. ZeRO-2 keeps only this rank's shard: set "
+            "param.grad = None once it is copied into its bucket, and bucket.grad = "
+            "None once its reduce-scatter has finished.")
+    if after["shard_grads"] != shards:
+        raise AssertionError(
+            f"rank {rank} of {n}: after finish(), the gradient shards hold "
+            f"{after['shard_grads']} bytes (their whole storage, counted by "
+            f"memory.storage_bytes); expected {shards}: bucket.param_shard.grad "
+            "must be a tensor of its own, the mean of this rank's shard only (a "
+            "view into the full bucket keeps the whole bucket alive).")
+    if after["live"] > sum(shards):
+        raise AssertionError(
+            f"rank {rank} of {n}: after finish(), {after['live']:,} bytes of gradient "
+            f"data are still alive, more than this rank's shards ({sum(shards):,} bytes): "
+            "something still holds a full gradient buffer (a list or a dict of them, a "
+            "copy): free every buffer once its reduce-scatter is done.")
+
+
+def _assert_backward_peak(run, rank, n):
+    buckets = run["buckets"]
+    biggest = sorted(8 * b["padded"] for b in buckets)[-IN_FLIGHT:]
+    bound = sum(biggest) + run["max_param_bytes"] + sum(8 * b["shard"] for b in buckets)
+    if run["peak_grad_bytes"] <= bound:
+        return
+    head = (f"rank {rank} of {n}: during backward, gradient data took up to "
+            f"{run['peak_grad_bytes']:,} bytes (every .grad, bucket buffer and shard alive "
+            f"at once, counted from live storages), more than {min(IN_FLIGHT, len(buckets))} "
+            f"buckets, one parameter's .grad and this rank's shards ({bound:,} bytes). ")
+    if run["most_grads"] > 1:
+        raise AssertionError(head + f"Up to {run['most_grads']} parameters held a .grad at "
+                             "once: free each .grad in the hook, as soon as it is copied "
+                             "into its bucket, not at the end of backward.")
+    raise AssertionError(head + "Each bucket's full buffer must go once its reduce-scatter "
+                         "is done, not in finish(): when a bucket is complete, wait for the "
+                         "previous bucket's work, keep its mean shard and set that bucket's "
+                         "grad = None, then start this bucket's reduce-scatter.")
