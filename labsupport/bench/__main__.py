@@ -10,6 +10,7 @@
     python -m labsupport.bench tp             # chapter 4's tensor parallelism vs DTensor
     python -m labsupport.bench zero           # chapter 7's memory vs formula, ZeRO-3 vs FSDP2
     python -m labsupport.bench moe            # chapter 9's all-to-all bytes, vs torch's, balance
+    python -m labsupport.bench overlap        # time beside bytes: crossings, every chapter
     python -m labsupport.bench checkpoint     # chapter 10: shard bytes, reshard, resume, async, 2 nodes
     python -m labsupport.bench <name> --help
 """
@@ -28,6 +29,7 @@ BENCHMARKS = {
     "zero": "labsupport.bench.zero",
     "moe": "labsupport.bench.moe",
     "checkpoint": "labsupport.bench.checkpoint",
+    "overlap": "labsupport.bench.overlap",
 }
 
 

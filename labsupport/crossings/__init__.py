@@ -1,0 +1,46 @@
+"""Each chapter's time-beside-bytes sweep, in one home: shared by the chapter and the bench.
+
+    c = crossings.run("data_parallel", small=True)   # on ranks started here
+    c.measured, c.formula, c.ratio                   # crossing sizes, measured / formula
+
+A module per technique exposes ``sweep(small: bool) -> Crossing``: it times
+the technique's compute and its communication from a recorded timeline
+across a sweep of one size (tokens per rank, hidden size, block length...),
+finds where the two measured curves cross (``overlap.measured_crossing``)
+and where the formula puts the crossing for this machine, from this
+machine's measured FLOP/s and link (``overlap``). The chapter shows the
+same sweep with its defaults; ``python -m labsupport.bench overlap`` runs
+every module's small sweep and prints the ratios.
+"""
+import dataclasses
+import importlib
+
+# chapter -> module of this package, in the book's order
+TECHNIQUES = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Crossing:
+    """One sweep: sizes, the two measured times (seconds, by size), the crossings."""
+    technique: str
+    size_label: str
+    sizes: list
+    compute: list
+    comm: list
+    measured: float | None      # where the measured curves cross (None: not in the sweep)
+    formula: float | None       # the formula's crossing with this machine's numbers
+    extra: dict = dataclasses.field(default_factory=dict)  # a technique's own numbers
+
+    @property
+    def ratio(self) -> float | None:
+        """measured / formula crossing; None when either is missing."""
+        if not self.measured or not self.formula:
+            return None
+        return self.measured / self.formula
+
+
+def run(technique: str, small: bool = False) -> Crossing:
+    if technique not in TECHNIQUES.values():
+        raise ValueError(f"unknown technique {technique!r}: use one of "
+                         f"{', '.join(TECHNIQUES.values()) or '(none yet)'}")
+    return importlib.import_module(f"labsupport.crossings.{technique}").sweep(small)
