@@ -1,0 +1,12 @@
+"""The checks behind every chapter's ``your-turn`` cells, one module per chapter topic.
+
+    from labsupport.grading.chapters import zero
+    zero.check_shard_bounds(shard_bounds)      # in the chapter's check cell
+
+Each module holds the checks of one chapter's exercises and says precisely
+what is wrong with an answer (results, bytes, a deadlock explained), built
+on the graders' core (``grading.checks``, ``grading.diagnosis``,
+``labsupport.calls``). Until the reader has written the function, a check
+says so without failing (``your_turn.NotWritten``). The graded assignments'
+checks live beside this package, one module per assignment folder.
+"""
