@@ -10,3 +10,12 @@ on the graders' core (``grading.checks``, ``grading.diagnosis``,
 says so without failing (``your_turn.NotWritten``). The graded assignments'
 checks live beside this package, one module per assignment folder.
 """
+import importlib
+import pkgutil
+
+
+def __getattr__(name):
+    """``ls.grading.chapters.<topic>``, imported on first use."""
+    if name in {m.name for m in pkgutil.iter_modules(__path__)}:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
