@@ -23,6 +23,7 @@ its database, and give them back to the pool (`GPUPool.claim`) when a
 restarted hub finds their server still running; both set ``LABSUPPORT_CPUS``
 (the cores labsupport sizes its ranks' threads by) from ``cpu_limit``.
 """
+import asyncio
 import os
 import pwd
 import resource
@@ -149,9 +150,11 @@ class ClassLocalSpawner(CourseSpawnerMixin, LocalProcessSpawner):
         return preexec
 
     async def stop(self, now=False):
+        """Stop the server, then end whatever of the student is left (class mode
+        runs one server per student: JupyterHub's named servers stay off)."""
         await super().stop(now=now)
         uid = pwd.getpwnam(self.user.name).pw_uid
-        left = uid_processes.end_all(uid)
+        left = await asyncio.to_thread(uid_processes.end_all, uid)
         if left:
             self.log.info("ended %d process(es) of %s left after its server", len(left),
                           self.user.name)

@@ -67,11 +67,11 @@ def size(text):
 
 
 def nbgrader(args, extra, *command, env=None, timeout=None):
-    """Run nbgrader in the course directory; its exit status (None at the deadline)."""
+    """Run nbgrader on the course directory, from where this script was started (so
+    that it reads the nbgrader_config.py there); its exit status, None at the deadline."""
     argv = [sys.executable, "-m", "nbgrader", *command, args.assignment,
             f"--CourseDirectory.root={args.course_dir}", *extra]
-    proc = subprocess.Popen(argv, cwd=args.course_dir, env={**os.environ, **(env or {})},
-                            start_new_session=True)
+    proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, start_new_session=True)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -122,8 +122,8 @@ def make_job(args, student, account):
     submitted = args.course_dir / "submitted" / student / args.assignment
     source = args.course_dir / "source" / args.assignment
     no_notebooks = shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints")
-    shutil.copytree(submitted, job / "work", ignore=no_notebooks)
-    if source.is_dir():
+    shutil.copytree(submitted, job / "work", ignore=no_notebooks, symlinks=True)  # as links:
+    if source.is_dir():  # the sandbox follows one with its own rights only
         shutil.copytree(source, job / "work", ignore=no_notebooks, dirs_exist_ok=True)
     for folder in (job / "home", job / "tmp"):
         folder.mkdir()

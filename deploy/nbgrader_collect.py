@@ -1,4 +1,5 @@
-"""nbgrader's collect, trusting a submission only when its owner is its student.
+"""nbgrader's collect, trusting a submission only when its owner is its student,
+and copying files only, never what a link points at.
 
 A submission in the exchange's inbound folder is a folder named
 ``student+assignment+timestamp+random``. Anyone may write there (nbgrader makes
@@ -13,11 +14,21 @@ names is never collected, and the newest *genuine* one is.
     nbgrader collect ASSIGNMENT --ExchangeFactory.collect=nbgrader_collect.OwnerCheckedCollect
 
 (with deploy/ on PYTHONPATH; deploy/grade_sandboxed.py collect does this).
+
+Links: a student owns their submission folder and may add to it after
+submitting, or make a whole folder of their own; collect runs as root, and
+nbgrader's copy (``shutil.copytree``) follows links, so a link to the gradebook
+would come back as a copy of the gradebook, for the student's code to read when
+it is graded. Here links are copied as links and then dropped, with a warning
+(``nbgrader submit`` copies files, so an honest submission holds none).
 """
 import os
 import pwd
+import shutil
+from pathlib import Path
 
 from nbgrader.exchange.default.collect import ExchangeCollect
+from nbgrader.utils import ignore_patterns
 
 
 class OwnerCheckedCollect(ExchangeCollect):
@@ -42,3 +53,15 @@ class OwnerCheckedCollect(ExchangeCollect):
     def init_src(self):
         super().init_src()
         self.src_records = [r for r in self.src_records if r["genuine"]]
+
+    def do_copy(self, src, dest, log=None):
+        """nbgrader's copy (its size and name rules; no group sharing), links dropped."""
+        if self.get_size(src) > 1000 * self.coursedir.max_dir_size:
+            raise RuntimeError(f"{src} is larger than {self.coursedir.max_dir_size} kB")
+        shutil.copytree(src, dest, symlinks=True, ignore=ignore_patterns(
+            exclude=self.coursedir.ignore, include=self.coursedir.include,
+            max_file_size=self.coursedir.max_file_size, log=self.log))
+        for link in [p for p in Path(dest).rglob("*") if p.is_symlink()]:
+            self.log.warning("Not collected: the link %s in %s (a submission holds files)",
+                             link.relative_to(dest), src)
+            link.unlink()

@@ -37,6 +37,15 @@ def allreduce(tag):
 print(json.dumps(cluster.run(allreduce, {tag}, timeout=60)))
 """
 
+STILL_REDUCES = """
+def still_reduces():
+    import torch, torch.distributed as dist
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+print(json.dumps(cluster.run(still_reduces, timeout=60)))
+"""
+
 # Shared by every attack: run one attempt and say whether it was denied.
 ATTEMPT = """
 import errno, json, os, signal, urllib.error, urllib.request
@@ -49,8 +58,8 @@ def attempt(what, action):
         verdict = f"denied: HTTP {e.code}" if e.code in (401, 403, 404) else f"ALLOWED? HTTP {e.code}"
     except urllib.error.URLError as e:  # no way to the address (the test checks it exists)
         verdict = f"denied: {e.reason}"
-    except (PermissionError, MemoryError, BlockingIOError) as e:
-        verdict = f"denied: {type(e).__name__}"
+    except (PermissionError, FileNotFoundError, MemoryError, BlockingIOError) as e:
+        verdict = f"denied: {type(e).__name__}"  # the test checks that the files exist
     except (ConnectionRefusedError, OSError) as e:
         no_way = e.errno in (errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH)
         verdict = f"denied: {e.strerror}" if no_way else f"ALLOWED? {type(e).__name__}: {e}"
@@ -92,6 +101,10 @@ attempt("B's server API with A's token, through the proxy", lambda: get(t["serve
 attempt("the hub's API for B with A's token", lambda: get(t["hub_user"], mine))
 for pid in t["pids"]:
     attempt(f"SIGKILL B's process {{pid}}", lambda pid=pid: os.kill(pid, signal.SIGKILL))
+import socket
+for port in t["rank_ports"]:  # gloo accepts anyone's connection: garbage must not break B
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(os.urandom(4096))
 seen = ""
 for pid in os.listdir("/proc"):  # every command line and environment A may read
     for part in ("cmdline", "environ"):
@@ -160,17 +173,26 @@ nbgrader("submit")
 print("submitted")
 """
 
-# Alice, once her own submission is in: a newer one in bob's name (wrong answer).
-FORGE = ATTEMPT_ + """
-folder = {inbound!r} + "/" + {bob!r} + "+tiny+2099-01-01 00:00:00.000000 UTC+forged"
-attempt("plant a submission in B's name", lambda: os.makedirs(folder))
+# Alice, once her own submission is in, writes into the exchange's inbound
+# folder (open to all, by nbgrader's design) two newer "submissions": one in
+# bob's name with a wrong answer, and one of her own holding links to the
+# gradebook and the source notebook, for collect (root) to copy.
+FORGE = """
+import json, os
 nb = json.load(open(os.path.expanduser("~/tiny/tiny.ipynb")))
-for c in nb["cells"]:
-    if c["metadata"].get("nbgrader", {{}}).get("solution"):
-        c["source"] = "def square(x):\\n    return 0"
-json.dump(nb, open(folder + "/tiny.ipynb", "w"))
-open(folder + "/timestamp.txt", "w").write("2099-01-01 00:00:00.000000 UTC")
-print(json.dumps(results))
+def plant(student, wrong, links):
+    folder = {inbound!r} + "/" + student + "+tiny+2099-01-01 00:00:00.000000 UTC+planted"
+    os.makedirs(folder)
+    for c in nb["cells"]:
+        if wrong and c["metadata"].get("nbgrader", {{}}).get("solution"):
+            c["source"] = "def square(x):\\n    return 0"
+    json.dump(nb, open(folder + "/tiny.ipynb", "w"))
+    open(folder + "/timestamp.txt", "w").write("2099-01-01 00:00:00.000000 UTC")
+    for name, target in links.items():
+        os.symlink(target, folder + "/" + name)
+plant({alice!r}, False, {links!r})
+plant({bob!r}, True, {{}})
+print("planted")
 """
 
 # Alice's answer: right, and then, while the grader runs it, an attack on the

@@ -32,7 +32,7 @@ removed afterwards, also when a test fails. The hub runs on free ports of
 Not root: every test here skips, saying so. test_hub_config.py checks the
 refusals (trial mode as root, open binds, missing admin) without a hub.
 
-Run: sudo .venv/bin/python -m pytest tests/test_jupyterhub.py -v   (about 90 s)
+Run: sudo .venv/bin/python -m pytest tests/test_jupyterhub.py -v   (about 100 s on 2 busy cores)
 """
 import asyncio
 import json
@@ -196,7 +196,8 @@ async def ranks_and_attacks(hub, klass, people, servers):
         check_runs_as(people[s], trees[s])
     check_isolated(info, people)
     await alice_attacks_bob(hub, klass, people, servers, info, trees["bob"])
-    assert last_json(await kernels["bob"].execute("print(cluster.run(lambda: 5))")) == [5, 5]
+    assert last_json(await kernels["bob"].execute(hub_attacks.STILL_REDUCES)) == [2.0, 2.0], \
+        "bob's group survives alice's signals and the garbage sent to its gloo ports"
     check_browser_cookie(hub, people)
     with pytest.raises(AssertionError, match=f"No GPU free for {people['carol'].name}"):
         await servers.api.start_server(people["carol"].name, people["carol"].token)
@@ -285,8 +286,13 @@ async def alice_attacks_bob(hub, klass, people, servers, info, bob_tree):
                "proxy_api": f"http://127.0.0.1:{hub.api_port}/api/routes",
                "server_direct": f"http://127.0.0.1:{server_port}/user/{bob.name}/api/kernels",
                "server_proxied": hub.url + f"user/{bob.name}/api/kernels",
-               "hub_user": hub.url + f"hub/api/users/{bob.name}", "secrets": hidden}
+               "hub_user": hub.url + f"hub/api/users/{bob.name}", "secrets": hidden,
+               "rank_ports": sorted({c.laddr.port for pid in info["bob"]["ranks"] for c in
+                                     psutil.Process(pid).net_connections(kind="inet")
+                                     if c.status == psutil.CONN_LISTEN})}
     check_owner_gets_in(targets, bob.token, hidden["the proxy's token"])
+    for path in [bob.home / ".profile", targets["connection_file"], *targets["hub_files"]]:
+        assert Path(path).exists(), f"{path}: a denial must not mean a wrong path"
     results = last_json(await servers.kernels["alice"].execute(
         hub_attacks.PEER.format(targets=json.dumps(targets))))
     allowed = [r for r in results if not r[1].startswith("denied")]
@@ -357,8 +363,11 @@ async def grading(hub_url, klass, people, servers):
         instructor(*nbgrader, step, "tiny", f"--CourseDirectory.root={course}", *options,
                    cwd=course)
     memory, processes = 1 << 30, 64
+    links = {"gradebook-link": str(course / "gradebook.db"),
+             "source-link": str(course / "source/tiny/tiny.ipynb")}
     attack = hub_attacks.graded_attack({
-        "files": {"the source assignment": str(course / "source/tiny/tiny.ipynb"),
+        "files": {**{f"the {name} she planted": name for name in links},
+                  "the source assignment": str(course / "source/tiny/tiny.ipynb"),
                   "the gradebook": str(course / "gradebook.db"),
                   "my autograded notebook": str(course / "autograded/alice/tiny/tiny.ipynb"),
                   "B's submission": str(course / f"submitted/{people['bob'].name}/tiny/tiny.ipynb")},
@@ -372,10 +381,12 @@ async def grading(hub_url, klass, people, servers):
     await asyncio.gather(*(servers.kernels[s].execute(hub_attacks.SUBMIT.format(
         options=options, answer=answers[s])) for s in STUDENTS))
     await servers.kernels["alice"].execute(hub_attacks.FORGE.format(
-        inbound=str(exchange / klass.prefix / "inbound"), bob=people["bob"].name))
+        inbound=str(exchange / klass.prefix / "inbound"), bob=people["bob"].name,
+        alice=people["alice"].name, links=links))
     grade = [sys.executable, str(ROOT / "deploy" / "grade_sandboxed.py")]
     said = instructor(*grade, "collect", "tiny", "--course-dir", str(course), *options, cwd=course)
-    assert f"Not collected: {people['bob'].name}+tiny+2099" in said
+    assert f"Not collected: {people['bob'].name}+tiny+2099" in said, said
+    assert all(f"Not collected: the link {name}" in said for name in links), said
     collected = (course / f"submitted/{people['bob'].name}/tiny/tiny.ipynb").read_text()
     assert "return x * x" in collected and "return 0" not in collected
     sandbox = klass.accounts["sandbox"]
