@@ -58,7 +58,7 @@ def read(environ=None, gpus=(), gpus_per_user=1):
     """Settings from the environment (gpus: the pool's, for the default CPU share)."""
     env = os.environ if environ is None else environ
     mode = env.get("COURSE_HUB_MODE", "class").strip() or "class"
-    home = Path(pwd.getpwuid(os.geteuid()).pw_dir)
+    home = Path(os.path.expanduser("~"))
     default_state = "/srv/course-hub" if mode == "class" else str(home / ".local/state/course-hub")
     s = Settings(mode=mode, bind_url=env.get("COURSE_HUB_URL", "http://127.0.0.1:8000"),
                  state_dir=Path(env.get("COURSE_HUB_STATE", default_state)).resolve(),

@@ -445,27 +445,36 @@ async def gone_within(uid, seconds, what):
         await asyncio.sleep(0.2)
 
 
+async def logged_within(hub, text, seconds):
+    """The hub logs text within seconds (a stop's hooks run after its processes end)."""
+    deadline = time.monotonic() + seconds
+    while text not in hub.log():
+        assert time.monotonic() < deadline, f"the hub did not log {text!r} in {seconds} s"
+        await asyncio.sleep(0.2)
+
+
 async def restart_and_cull(hub, people, servers):
     alice, bob, carol, ian = (people[s] for s in ("alice", "bob", "carol", "ian"))
     await servers.kernels["alice"].execute(
         "import subprocess, labsupport as ls, torch.distributed as dist\n"
         "subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
         "cluster = ls.start(world_size=2)\ncluster.run(dist.barrier)")
-    idle_timeout = 15
+    idle_timeout = 20  # from mark_active to carol's refusal: a hub stop and start
     await mark_active(hub, servers.api, [alice.name, bob.name])  # idle from now on
     hub.stop()
     assert len(uid_processes.pids_of(alice.uid)) >= 5, "servers outlive the hub"
     hub.start(COURSE_IDLE_TIMEOUT=str(idle_timeout))
+    for name, gpu in ((alice.name, "0"), (bob.name, "1")):
+        assert f"gpu_pool: {name} still holds '{gpu}'" in hub.log(), "restored at start"
     refused = f"No GPU free for {carol.name}.*held by: {alice.name} \\(0\\), {bob.name} \\(1\\)"
     with pytest.raises(AssertionError, match=refused):
         await servers.api.start_server(carol.name, carol.token)
     await servers.api.api("DELETE", f"hub/api/users/{bob.name}/server", ian.token)
-    await gone_within(bob.uid, 10, "bob's server stopped by the admin")
+    await gone_within(bob.uid, 30, "bob's server stopped by the admin")
     await servers.api.start_server(carol.name, carol.token)
     assert f"gpu_pool: {carol.name} gets CUDA_VISIBLE_DEVICES=" in hub.log()
     await gone_within(alice.uid, idle_timeout + 20, "alice's idle server")
-    log = hub.log()
-    assert f"Culling server {alice.name} (inactive for" in log, "the idle culler stopped it"
-    assert f"gpu_pool: {alice.name} gave back '0'" in log
+    assert f"Culling server {alice.name} (inactive for" in hub.log(), "the culler stopped it"
+    await logged_within(hub, f"gpu_pool: {alice.name} gave back '0'", 30)
     await servers.api.api("DELETE", f"hub/api/users/{carol.name}/server", ian.token)
-    await gone_within(carol.uid, 10, "carol's server stopped by the admin")
+    await gone_within(carol.uid, 30, "carol's server stopped by the admin")
