@@ -137,8 +137,9 @@ print("sent")
 
 
 def tiny_assignment(path, marker):
-    """A graded notebook of one answer and one test cell with a hidden test that
-    carries marker (grading must never let a student's code read it)."""
+    """A graded notebook of one answer and two test cells: one with a hidden test
+    that carries marker (grading must never let a student's code read it), one
+    that runs the answer on 2 labsupport ranks (the labs work in the sandbox)."""
     def cell(source, **nbgrader):
         return nbformat.v4.new_code_cell(source, metadata={"nbgrader": {
             "schema_version": 3, "locked": False, "solution": False, "grade": False,
@@ -148,7 +149,10 @@ def tiny_assignment(path, marker):
              grade_id="answer", solution=True),
         cell("assert square(3) == 9\n### BEGIN HIDDEN TESTS\n"
              f"assert square(12) == 144, {marker!r}\n### END HIDDEN TESTS",
-             grade_id="test_square", grade=True, points=2, locked=True)])
+             grade_id="test_square", grade=True, points=2, locked=True),
+        cell("import labsupport as ls\n"
+             "assert ls.run(lambda: square(3), world_size=2, backend='gloo') == [9, 9]",
+             grade_id="test_on_ranks", grade=True, points=1, locked=True)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (course)",
                                  "language": "python"}
     path.parent.mkdir(parents=True)

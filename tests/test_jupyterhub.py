@@ -362,7 +362,7 @@ async def grading(hub_url, klass, people, servers):
     for step in ("generate_assignment", "release_assignment"):
         instructor(*nbgrader, step, "tiny", f"--CourseDirectory.root={course}", *options,
                    cwd=course)
-    memory, processes = 1 << 30, 64
+    memory, processes = 2 << 30, 256  # per process; for the sandbox user (torch's threads count)
     links = {"gradebook-link": str(course / "gradebook.db"),
              "source-link": str(course / "source/tiny/tiny.ipynb")}
     attack = hub_attacks.graded_attack({
@@ -402,7 +402,7 @@ def check_graded(course, klass, people, said, marker, planted):
         assert f"{people[s].name}: graded" in said, said[-3000:]
     with Gradebook(f"sqlite:///{course}/gradebook.db", course_id=klass.prefix) as book:
         scores = {s: book.find_submission("tiny", people[s].name).score for s in STUDENTS}
-    assert scores == {"alice": 2.0, "bob": 2.0}, "both answers are right"
+    assert scores == {"alice": 3.0, "bob": 3.0}, "both answers are right, on 2 ranks too"
     graded = nbformat.read(course / f"autograded/{people['alice'].name}/tiny/tiny.ipynb", 4)
     outputs = [o for c in graded.cells for o in c.get("outputs", [])]
     assert marker not in json.dumps(outputs), "the hidden test's text reached alice's outputs"
