@@ -10,10 +10,11 @@ only what this run created: its users (their processes ended first, then
 
 That access: the project's interpreter may live where other users cannot
 reach it (pyenv under /root, mode 0700, on this project's machine). For the
-duration of the tests, a POSIX ACL entry lets this run's own group (and no
-one else) traverse such a folder (``x``, not list it); removal restores the
-folder's mode and drops the ACL. A folder that already carries an ACL is left
-alone, and the tests then skip saying why.
+duration of the tests, POSIX ACL entries let this run's own groups (and no
+one else) traverse such a folder (``x``, not list it); removal takes exactly
+those entries out again, and the ACL with them when nothing else is left in
+it (the plain mode back). Entries of another run are left alone, so two runs
+at once, or one after a run that was killed, work.
 """
 import os
 import pwd
@@ -90,23 +91,16 @@ class TemporaryClass:
         self.accounts[short] = Account(name, "", pwd.getpwnam(name).pw_uid, Path("/nonexistent"))
 
     def grant_python(self):
-        """Let the students' and the python group traverse every folder on the way to
-        the interpreter and the repository that others may not. None, or why not."""
+        """Let the students' and the python group traverse (x) every folder on the way
+        to the interpreter and the repository that others may not."""
         import grp
-        gids = sorted(grp.getgrnam(g).gr_gid for g in (self.students_group, self.python_group))
+        gids = {grp.getgrnam(g).gr_gid for g in (self.students_group, self.python_group)}
         targets = [Path(os.path.realpath(sys.executable)), Path(sys.base_prefix), ROOT]
         for folder in sorted({p for t in targets for p in [t, *t.parents] if p.is_dir()}):
-            mode = stat.S_IMODE(os.stat(folder).st_mode)
-            if mode & 0o001:
-                continue
-            try:
-                os.getxattr(folder, ACL_XATTR)
-                return f"{folder} already has an ACL, which this test will not change"
-            except OSError:
-                pass
-            os.setxattr(folder, ACL_XATTR, posix_acl(mode, gids))
-            self._acl_dirs.append((folder, mode))
-        return None
+            if not os.stat(folder).st_mode & 0o001:
+                entries = read_acl(folder)
+                write_acl(folder, entries + [(ACL_GROUP, 1, gid) for gid in sorted(gids)])
+                self._acl_dirs.append((folder, gids))
 
     def remove(self):
         """Everything this run created, in an order that works after any failure."""
@@ -121,19 +115,48 @@ class TemporaryClass:
             subprocess.run(["userdel", account.name], capture_output=True)
         for group in self.groups:
             subprocess.run(["groupdel", group], capture_output=True)
-        for folder, mode in self._acl_dirs:
-            os.removexattr(folder, ACL_XATTR)
-            os.chmod(folder, mode)
+        for folder, gids in self._acl_dirs:  # only this run's entries: another run's stay
+            write_acl(folder, [e for e in read_acl(folder) if not (e[0] == ACL_GROUP
+                                                                    and e[2] in gids)])
         shutil.rmtree(self.base, ignore_errors=True)
         uid_processes.remove_files_of(uids)
         if problems:
             raise RuntimeError("; ".join(problems))
 
 
-def posix_acl(mode, gids):
-    """The binary ACL (version 2) of a folder with mode, plus x for the groups gids."""
-    undefined = 0xFFFFFFFF
-    entries = [(0x01, (mode >> 6) & 7, undefined), (0x04, (mode >> 3) & 7, undefined),
-               *[(0x08, 1, gid) for gid in gids], (0x10, ((mode >> 3) & 7) | 1, undefined),
-               (0x20, mode & 7, undefined)]
-    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+# POSIX ACLs as the kernel stores them in the xattr (acl_ea.h): a version, then
+# (tag, permissions, id) entries sorted by tag and id.
+ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_GROUP, ACL_MASK, ACL_OTHER = 1, 2, 4, 8, 0x10, 0x20
+NO_ID = 0xFFFFFFFF
+
+
+def read_acl(folder):
+    """The folder's ACL entries: its stored ACL, or the three its mode stands for."""
+    try:
+        data = os.getxattr(folder, ACL_XATTR)
+    except OSError:
+        mode = stat.S_IMODE(os.stat(folder).st_mode)
+        return [(ACL_USER_OBJ, mode >> 6 & 7, NO_ID), (ACL_GROUP_OBJ, mode >> 3 & 7, NO_ID),
+                (ACL_OTHER, mode & 7, NO_ID)]
+    return [struct.unpack_from("<HHI", data, 4 + 8 * i) for i in range((len(data) - 4) // 8)]
+
+
+def write_acl(folder, entries):
+    """Store entries (a mask computed here); with no named entry, the plain mode."""
+    base = {tag: perm for tag, perm, _ in entries if tag in (ACL_USER_OBJ, ACL_GROUP_OBJ,
+                                                             ACL_OTHER)}
+    named = sorted({e for e in entries if e[0] in (ACL_USER, ACL_GROUP)}, key=lambda e: e[::2])
+    if not named:
+        try:
+            os.removexattr(folder, ACL_XATTR)
+        except OSError:
+            pass
+        os.chmod(folder, base[ACL_USER_OBJ] << 6 | base[ACL_GROUP_OBJ] << 3 | base[ACL_OTHER])
+        return
+    mask = base[ACL_GROUP_OBJ]
+    for _, perm, _ in named:
+        mask |= perm
+    ordered = sorted([(tag, perm, NO_ID) for tag, perm in base.items()] + named
+                     + [(ACL_MASK, mask, NO_ID)], key=lambda e: (e[0], e[2]))
+    os.setxattr(folder, ACL_XATTR, struct.pack("<I", 2)
+                + b"".join(struct.pack("<HHI", *e) for e in ordered))

@@ -70,8 +70,7 @@ def klass():
     try:
         made.create(students=("alice", "bob", "carol"), instructors=("ian",),
                     outsiders=("mallory",), sandbox="sandbox")
-        if why := made.grant_python():
-            pytest.skip(why)
+        made.grant_python()
         os.chmod(ASSIGNMENTS, mode & ~0o077)  # the class hub refuses to start otherwise
         yield made
     finally:
