@@ -349,49 +349,63 @@ def instructor(*command, cwd):
     return done.stdout + done.stderr
 
 
-async def grading(hub_url, klass, people, servers):
+def release_tiny(klass):
+    """The instructor's side: a private course directory with the test's own
+    assignment, generated and released through a sticky exchange folder."""
     course, exchange = klass.base / "course", klass.base / "exchange"
     course.mkdir(mode=0o700)
     exchange.mkdir()
     os.chmod(exchange, 0o1777)  # sticky: no student renames the course's folder
     options = [f"--Exchange.root={exchange}", f"--CourseDirectory.course_id={klass.prefix}"]
-    marker, planted = f"hidden-{secrets.token_hex(8)}", f"planted-{secrets.token_hex(4)}"
+    marker = f"hidden-{secrets.token_hex(8)}"
     hub_attacks.tiny_assignment(course / "source" / "tiny" / "tiny.ipynb", marker)
-    nbgrader = [sys.executable, "-m", "nbgrader"]
     for step in ("generate_assignment", "release_assignment"):
-        instructor(*nbgrader, step, "tiny", f"--CourseDirectory.root={course}", *options,
-                   cwd=course)
-    memory, processes = 2 << 30, 256  # per process; for the sandbox user (torch's threads count)
-    links = {"gradebook-link": str(course / "gradebook.db"),
-             "source-link": str(course / "source/tiny/tiny.ipynb")}
-    attack = hub_attacks.graded_attack({
+        instructor(sys.executable, "-m", "nbgrader", step, "tiny",
+                   f"--CourseDirectory.root={course}", *options, cwd=course)
+    return course, exchange / klass.prefix / "inbound", options, marker
+
+
+def grader_targets(hub_url, klass, people, course, inbound, links):
+    """What alice's graded code goes for: files and folders as root sees them."""
+    alice, bob = people["alice"].name, people["bob"].name
+    return {
         "files": {**{f"the {name} she planted": name for name in links},
                   "the source assignment": str(course / "source/tiny/tiny.ipynb"),
                   "the gradebook": str(course / "gradebook.db"),
-                  "my autograded notebook": str(course / "autograded/alice/tiny/tiny.ipynb"),
-                  "B's submission": str(course / f"submitted/{people['bob'].name}/tiny/tiny.ipynb")},
+                  "her autograded notebook": str(course / f"autograded/{alice}/tiny/tiny.ipynb"),
+                  "B's submission": str(course / f"submitted/{bob}/tiny/tiny.ipynb")},
         "folders": {"the course": str(course), "B's home": str(people["bob"].home),
-                    "the exchange's inbound": str(exchange / klass.prefix / "inbound"),
+                    "the exchange's inbound": str(inbound),
                     "the repository's assignments": str(ASSIGNMENTS)},
-        "urls": {"the hub": hub_url + "hub/api/"},
-        "marker_reversed": marker[::-1], "memory": memory, "processes": processes,
-        "planted": planted})
+        "urls": {"the hub": hub_url + "hub/api/"}}
+
+
+async def grading(hub_url, klass, people, servers):
+    course, inbound, options, marker = release_tiny(klass)
+    memory, processes = 2 << 30, 256  # per process; of the sandbox user (torch's threads count)
+    links = {"gradebook-link": str(course / "gradebook.db"),
+             "source-link": str(course / "source/tiny/tiny.ipynb")}
+    targets = grader_targets(hub_url, klass, people, course, inbound, links)
+    planted = f"planted-{secrets.token_hex(4)}"
+    attack = hub_attacks.graded_attack({**targets, "marker_reversed": marker[::-1],
+                                        "memory": memory, "processes": processes,
+                                        "planted": planted})
     answers = {"alice": attack, "bob": "def square(x):\n    return x * x"}
     await asyncio.gather(*(servers.kernels[s].execute(hub_attacks.SUBMIT.format(
         options=options, answer=answers[s])) for s in STUDENTS))
     await servers.kernels["alice"].execute(hub_attacks.FORGE.format(
-        inbound=str(exchange / klass.prefix / "inbound"), bob=people["bob"].name,
-        alice=people["alice"].name, links=links))
+        inbound=str(inbound), bob=people["bob"].name, alice=people["alice"].name, links=links))
     grade = [sys.executable, str(ROOT / "deploy" / "grade_sandboxed.py")]
     said = instructor(*grade, "collect", "tiny", "--course-dir", str(course), *options, cwd=course)
     assert f"Not collected: {people['bob'].name}+tiny+2099" in said, said
     assert all(f"Not collected: the link {name}" in said for name in links), said
     collected = (course / f"submitted/{people['bob'].name}/tiny/tiny.ipynb").read_text()
     assert "return x * x" in collected and "return 0" not in collected
-    sandbox = klass.accounts["sandbox"]
     said = instructor(*grade, "autograde", "tiny", "--course-dir", str(course),
-                      "--sandbox-user", sandbox.name, "--memory", str(memory),
+                      "--sandbox-user", klass.accounts["sandbox"].name, "--memory", str(memory),
                       "--processes", str(processes), "--deadline", "300", *options, cwd=course)
+    missing = [p for w, p in targets["files"].items() if "planted" not in w and not Path(p).exists()]
+    assert not missing, f"a denial must not mean a wrong path: {missing}"
     check_graded(course, klass, people, said, marker, planted)
 
 
