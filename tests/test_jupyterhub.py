@@ -335,8 +335,15 @@ def check_browser_cookie(hub, people):
 
 # --- 3. grading --------------------------------------------------------------
 
+NETNS_PROBE = ("import ctypes, sys\n"
+               "sys.exit(ctypes.CDLL(None, use_errno=True).unshare(0x40000000) != 0)")
+
+
 def test_autograding_runs_each_submission_sandboxed_and_collects_no_forgery(loop, hub, klass,
                                                                             people, servers):
+    if subprocess.run([sys.executable, "-c", NETNS_PROBE]).returncode:
+        pytest.skip("no network namespace can be made here (CAP_SYS_ADMIN): the grading "
+                    "sandbox refuses to run students' code without one")
     with_log(hub, lambda: loop.run_until_complete(grading(hub.url, klass, people, servers)))
 
 
