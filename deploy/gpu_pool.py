@@ -2,19 +2,26 @@
 
 The hub keeps one `GPUPool`. When a user's server starts, the spawner's
 `pre_spawn_hook` takes `per_user` GPUs from the pool and sets
-``CUDA_VISIBLE_DEVICES`` in the server's environment to exactly those ids, so
-the notebook (and every rank `labsupport` starts from it) sees only them, as
-``cuda:0``, ``cuda:1``, ... ; `post_stop_hook` gives them back. When the pool
-cannot serve a request, `when_empty` decides:
+``CUDA_VISIBLE_DEVICES`` in the server's environment to exactly those ids
+(with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so an index means what ``nvidia-smi``
+says), so the notebook (and every rank `labsupport` starts from it) sees only
+them, as ``cuda:0``, ``cuda:1``, ... ; `post_stop_hook` gives them back. When
+the pool cannot serve a request, `when_empty` decides:
 
 - ``"refuse"`` (default): the spawn fails with a message that says how many
   GPUs are free and who holds the others;
 - ``"cpu"``: the server starts with ``CUDA_VISIBLE_DEVICES=""`` (no GPU
   visible), so its ranks run on gloo on the CPU.
 
-The pool lives in the hub's memory. JupyterHub stops every server when the hub
-stops (``JupyterHub.cleanup_servers``, on by default), so nothing is held
-across a restart. Standard library only: the hub does not import torch.
+The pool lives in the hub's memory, and the class hub keeps users' servers
+running across a hub restart (``JupyterHub.cleanup_servers = False``): the
+spawner saves the ids it holds in its state, and a restarted hub gives them
+back to the pool with `claim` (deploy/class_spawner.py), so a GPU held by a
+running server is never lent twice. By default the pool holds every GPU of the
+node by UUID (``nvidia-smi``), which no renumbering changes. The variable is
+not a fence: `device_nodes` names the device files of a set of GPUs, which the
+systemd spawner allows and nothing else (``DeviceAllow=``). Standard library
+only: the hub does not import torch.
 
     pool = GPUPool(["0", "1", "2", "3"], per_user=2)
     c.Spawner.pre_spawn_hook, c.Spawner.post_stop_hook = pool.hooks()
@@ -23,8 +30,11 @@ import os
 import shutil
 import subprocess
 import threading
+from pathlib import Path
 
 WHEN_EMPTY = ("refuse", "cpu")
+# Where the NVIDIA driver describes each GPU (one folder per PCI bus id).
+DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
 class PoolExhausted(RuntimeError):
@@ -32,11 +42,11 @@ class PoolExhausted(RuntimeError):
 
 
 def detect_gpus():
-    """GPU indices of this node from ``nvidia-smi -L`` (empty without a driver)."""
+    """UUIDs of this node's GPUs from ``nvidia-smi`` (empty without a driver)."""
     if shutil.which("nvidia-smi") is None:
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return []
@@ -47,7 +57,7 @@ def from_environment(environ=None):
     """A pool configured by COURSE_GPU_POOL, COURSE_GPUS_PER_USER, COURSE_GPU_WHEN_EMPTY.
 
     COURSE_GPU_POOL is a comma-separated list of GPU indices or UUIDs (default:
-    every GPU ``nvidia-smi`` lists); ``none`` means no GPU at all.
+    the UUID of every GPU ``nvidia-smi`` lists); ``none`` means no GPU at all.
     """
     env = os.environ if environ is None else environ
     spec = env.get("COURSE_GPU_POOL", "").strip()
@@ -78,6 +88,11 @@ class GPUPool:
         self.gpus, self.per_user, self.when_empty = tuple(gpus), per_user, when_empty
         self._held = {}  # owner -> tuple of GPU ids
         self._lock = threading.Lock()
+
+    def __deepcopy__(self, memo):
+        # traitlets deep-copies config values into each spawner; every spawner
+        # must share this one pool, not get a copy of it.
+        return self
 
     def free(self):
         """GPU ids nobody holds, in pool order."""
@@ -119,6 +134,18 @@ class GPUPool:
                 "(File > Hub Control Panel > Stop My Server), or ask the admin to set "
                 "COURSE_GPU_WHEN_EMPTY=cpu to start without a GPU.")
 
+    def claim(self, owner, ids):
+        """Record that owner's running server holds ids (a restarted hub's view).
+
+        Returns the ids another owner holds too, which a caller reports: the
+        running servers are the truth, so owner's set is recorded regardless.
+        """
+        ids = tuple(str(g) for g in ids)
+        with self._lock:
+            others = {g for o, held in self._held.items() if o != owner for g in held}
+            self._held[owner] = ids
+            return tuple(g for g in ids if g in others)
+
     def release(self, owner):
         """Give owner's GPUs back; a no-op if it holds none (safe to call twice)."""
         with self._lock:
@@ -132,7 +159,9 @@ class GPUPool:
                 ids = self.acquire(owner)
             except PoolExhausted as e:
                 raise refusal(str(e)) from None
-            spawner.environment = {**spawner.environment, "CUDA_VISIBLE_DEVICES": ",".join(ids)}
+            spawner.environment = {**spawner.environment, "CUDA_VISIBLE_DEVICES": ",".join(ids),
+                                   "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+            spawner.gpu_ids = ids  # saved in the spawner's state (class_spawner.py)
             spawner.log.info("gpu_pool: %s gets CUDA_VISIBLE_DEVICES=%r", owner, ",".join(ids))
 
         def post_stop_hook(spawner):
@@ -151,3 +180,28 @@ def owner_of(spawner):
     """'user' for a user's default server, 'user/name' for a named server."""
     name = getattr(spawner, "name", "")
     return f"{spawner.user.name}/{name}" if name else spawner.user.name
+
+
+def device_nodes(ids, driver_gpus=None):
+    """The device files (``/dev/nvidiaN``) of the GPUs named by ids: UUIDs, or
+    indices in PCI bus order (``CUDA_DEVICE_ORDER=PCI_BUS_ID``, as the hooks set).
+
+    Read from the driver's description of each GPU, which names its UUID and
+    its device minor number. A GPU that cannot be found raises ValueError: a
+    fence that cannot name a device must not start.
+    """
+    gpus = []  # (bus id, uuid, minor), in PCI bus order
+    driver_gpus = Path(driver_gpus or DRIVER_GPUS)
+    for folder in sorted(driver_gpus.glob("*")):
+        fields = dict(line.split(":", 1) for line in (folder / "information").read_text()
+                      .splitlines() if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        gpus.append((folder.name, fields.get("GPU UUID"), fields.get("Device Minor")))
+    nodes = []
+    for gpu in ids:
+        found = [minor for i, (_, uuid, minor) in enumerate(gpus) if gpu in (uuid, str(i))]
+        if not found or not str(found[0]).isdigit():
+            raise ValueError(f"GPU {gpu!r} is not one of the {len(gpus)} GPUs the NVIDIA driver "
+                             f"describes in {driver_gpus}: check COURSE_GPU_POOL")
+        nodes.append(f"/dev/nvidia{found[0]}")
+    return nodes

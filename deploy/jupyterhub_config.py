@@ -1,68 +1,133 @@
-# The course's JupyterHub on one node: the configuration tests/test_jupyterhub.py
-# starts and drives (two users running ranks at once, GPUs shared out, stop).
+# The course's JupyterHub on one node (book/jupyterhub.md says what each mode
+# isolates and what it does not). tests/test_jupyterhub.py starts the class mode
+# as root with two temporary students and attacks it.
 #
-#   jupyterhub -f deploy/jupyterhub_config.py          (from the repository root)
+#   sudo .venv/bin/jupyterhub -f deploy/jupyterhub_config.py     (class mode)
 #
-# Settings an admin changes through the environment (no edit needed):
-#   COURSE_HUB_URL           where the hub listens      (default http://127.0.0.1:8000)
-#   COURSE_HUB_PASSWORD      if set: every user logs in with this shared password
-#                            (SharedPasswordAuthenticator); unset: any password works
-#   COURSE_HUB_HOME          users' working folders      (default /tmp/course-hub/{username})
-#   COURSE_GPU_POOL          GPUs lent to users: "0,1,2,3", UUIDs, or "none"
-#                            (default: every GPU nvidia-smi lists)
-#   COURSE_GPUS_PER_USER     GPUs per user's server      (default 1)
-#   COURSE_GPU_WHEN_EMPTY    "refuse" (spawn fails, saying why) or "cpu" (no GPU)
-#
-# The login and the spawner are the tested ones, made for a trial or a
-# course on a machine whose users all trust each other (see book/jupyterhub.md):
-# every server runs as the hub's own Unix user. For real accounts, replace the
-# two lines marked (*) with PAM logins and one Unix user per student:
-#   c.JupyterHub.authenticator_class = "pam"
-#   c.JupyterHub.spawner_class = "localprocess"   # or "systemdspawner"
-import os
+# Settings, through the environment (deploy/hub_settings.py reads and checks
+# them; the hub refuses to start, saying why, when something is unsafe):
+#   COURSE_HUB_MODE          class (default): PAM logins, one Unix user per
+#                            student; trial: every server runs as the hub's own
+#                            user, loopback only, never as root
+#   COURSE_HUB_URL           where the hub listens (default http://127.0.0.1:8000)
+#   COURSE_HUB_SSL_CERT/KEY  TLS files; needed to listen beyond loopback
+#   COURSE_HUB_STATE         cookie secret, database, proxy pid, mode 0700
+#                            (default /srv/course-hub; trial ~/.local/state/course-hub)
+#   COURSE_STUDENT_GROUP     who may log in (default course-students)
+#   COURSE_INSTRUCTOR_GROUP  who may log in as admin (default course-instructors)
+#   COURSE_ADMIN_USERS       more admins, comma-separated (at least one admin)
+#   COURSE_SPAWNER           auto (default: systemd where it runs), local, systemd
+#   COURSE_CPUS_PER_USER     cores per server: LABSUPPORT_CPUS, and systemd's quota
+#                            (default: the node's cores shared by the GPU slots)
+#   COURSE_MEMORY_PER_USER   memory per server, systemd only (e.g. 64G)
+#   COURSE_PROCESSES_PER_USER  processes and threads per student (default 4096)
+#   COURSE_IDLE_TIMEOUT      seconds without activity before a server is stopped
+#                            and its GPUs go back (default 3600)
+#   COURSE_KERNEL_IDLE_TIMEOUT  seconds before an idle kernel (and its ranks)
+#                            is shut down, tab open or not (default 1800)
+#   COURSE_GPU_POOL, COURSE_GPUS_PER_USER, COURSE_GPU_WHEN_EMPTY: the GPU pool
+#                            (deploy/gpu_pool.py; default: every GPU, by UUID)
+#   COURSE_HUB_PASSWORD, COURSE_HUB_HOME: trial mode's shared password and folders
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import gpu_pool  # noqa: E402  (deploy/gpu_pool.py, beside this file)
+import gpu_pool  # noqa: E402  (deploy/, beside this file)
+import hub_settings  # noqa: E402
 
 c = get_config()  # noqa: F821  (provided by JupyterHub when it reads this file)
-
-c.JupyterHub.bind_url = os.environ.get("COURSE_HUB_URL", "http://127.0.0.1:8000")
-# The hub's database and cookie secret go next to where the hub is started.
-c.JupyterHub.cleanup_servers = True   # the GPU pool lives in the hub's memory
-
-# (*) Any user name logs in: with any password (the tested dummy login), or
-# with the shared password when COURSE_HUB_PASSWORD is set.
-if os.environ.get("COURSE_HUB_PASSWORD"):
-    c.JupyterHub.authenticator_class = "shared-password"
-    c.SharedPasswordAuthenticator.user_password = os.environ["COURSE_HUB_PASSWORD"]
-else:
-    c.JupyterHub.authenticator_class = "dummy"
-c.Authenticator.allow_all = True
-
-# (*) One jupyter server per user, a local process of the hub's own Unix user,
-# started in the user's own folder.
-c.JupyterHub.spawner_class = "simple"
-c.SimpleLocalProcessSpawner.home_dir_template = os.environ.get(
-    "COURSE_HUB_HOME", "/tmp/course-hub/{username}")
-# The course environment: the server runs with this interpreter (the project's
-# .venv when the hub is started from it), and so do its "Python 3 (course)"
-# kernels and every rank they start.
-c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
-c.Spawner.default_url = "/lab"
-if os.geteuid() == 0:  # a container where everything is root: jupyter refuses without it
-    c.Spawner.args = ["--allow-root"]
-c.Spawner.env_keep = ["PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL"]
-c.Spawner.start_timeout = 120  # a busy node imports jupyter slowly
-
-# GPUs: each server gets its own disjoint set through CUDA_VISIBLE_DEVICES.
 POOL = gpu_pool.from_environment()
-c.Spawner.pre_spawn_hook, c.Spawner.post_stop_hook = POOL.hooks()
+SETTINGS = hub_settings.read(gpus=POOL.gpus, gpus_per_user=POOL.per_user)
+hub_settings.check(SETTINGS)  # SystemExit with every reason, before any port opens
 
-# configurable-http-proxy: the project's own copy (scripts/fetch_proxy.py), if
-# fetched, else the one on PATH (npm install -g configurable-http-proxy).
-_proxy = HERE / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
-if _proxy.exists():
-    c.ConfigurableHTTPProxy.command = [str(_proxy)]
+TRIAL_LABEL = ("Trial mode: every user's server runs as one Unix user, so users can read "
+               "each other's files and tokens. Not for a class (book/jupyterhub.md).")
+
+
+def common(c, s):
+    """Both modes: where the hub listens and keeps its secrets, the servers, culling."""
+    c.JupyterHub.bind_url = s.bind_url
+    database = hub_settings.prepare_state(s)
+    c.JupyterHub.db_url = f"sqlite:///{database}"
+    c.JupyterHub.cookie_secret_file = str(s.state_dir / "jupyterhub_cookie_secret")
+    c.ConfigurableHTTPProxy.pid_file = str(s.state_dir / "jupyterhub-proxy.pid")
+    # The proxy's token is generated at each start and given to the proxy alone:
+    # servers get only env_keep and the hub's JUPYTERHUB_* variables.
+    proxy = HERE / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
+    if proxy.exists():  # scripts/fetch_proxy.py's copy, else the one on PATH
+        c.ConfigurableHTTPProxy.command = [str(proxy)]
+    # The course environment: the server, its "Python 3 (course)" kernels and
+    # their ranks run with this interpreter (the project's .venv).
+    c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
+    c.Spawner.default_url = "/lab"
+    c.Spawner.env_keep = ["PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL"]
+    c.Spawner.start_timeout = 120  # a busy node imports jupyter slowly
+    c.Spawner.args = kernel_culling(s.kernel_idle_timeout)
+    c.Spawner.pre_spawn_hook, c.Spawner.post_stop_hook = POOL.hooks()
+    idle_culler(c, s)
+
+
+def kernel_culling(timeout):
+    """jupyter_server shuts down a kernel idle this long, even with its tab open
+    (cull_connected), never while it runs a cell (cull_busy); its ranks end with it."""
+    every = max(1, min(300, timeout // 10))
+    return [f"--MappingKernelManager.cull_idle_timeout={timeout}",
+            f"--MappingKernelManager.cull_interval={every}",
+            "--MappingKernelManager.cull_connected=True",
+            "--MappingKernelManager.cull_busy=False"]
+
+
+def idle_culler(c, s):
+    """jupyterhub-idle-culler, a hub service: stops servers idle for idle_timeout s."""
+    every = max(1, min(300, s.idle_timeout // 10))
+    c.JupyterHub.services = [{
+        "name": "idle-culler", "cwd": str(s.state_dir),
+        "command": [sys.executable, "-m", "jupyterhub_idle_culler",
+                    f"--timeout={s.idle_timeout}", f"--cull-every={every}"]}]
+    c.JupyterHub.load_roles = [{
+        "name": "idle-culler", "services": ["idle-culler"],
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]}]
+
+
+def class_mode(c, s):
+    """PAM logins for two groups; each server as its student's own Unix user."""
+    c.JupyterHub.authenticator_class = "pam"
+    c.PAMAuthenticator.allowed_groups = {s.student_group, s.instructor_group}
+    c.PAMAuthenticator.admin_groups = {s.instructor_group}
+    c.Authenticator.admin_users = set(s.admin_users)
+    c.Authenticator.allow_all = False
+    c.Authenticator.allow_existing_users = False  # leaving the group ends access
+    c.Authenticator.blocked_users = {"root"}
+    if s.ssl_cert:
+        c.JupyterHub.ssl_cert, c.JupyterHub.ssl_key = s.ssl_cert, s.ssl_key
+    import class_spawner
+    spawner = (class_spawner.ClassSystemdSpawner if s.spawner == "systemd"
+               else class_spawner.ClassLocalSpawner)
+    c.JupyterHub.spawner_class = spawner
+    getattr(c, spawner.__name__).gpu_pool = POOL
+    getattr(c, spawner.__name__).processes = s.processes
+    if s.cpus:
+        c.Spawner.cpu_limit = float(s.cpus)
+    if s.memory:
+        c.Spawner.mem_limit = s.memory
+    # Servers outlive a hub restart; the pool learns from their state what they hold.
+    c.JupyterHub.cleanup_servers = False
+
+
+def trial_mode(c, s):
+    """One Unix user for all (the hub's own): loopback only, labelled, never root."""
+    if s.trial_password:
+        c.JupyterHub.authenticator_class = "shared-password"
+        c.SharedPasswordAuthenticator.user_password = s.trial_password
+    else:
+        c.JupyterHub.authenticator_class = "dummy"  # any name, any password
+    c.Authenticator.allow_all = True
+    c.JupyterHub.spawner_class = "simple"
+    c.SimpleLocalProcessSpawner.home_dir_template = s.trial_home
+    c.JupyterHub.template_vars = {"announcement": TRIAL_LABEL}
+    c.JupyterHub.cleanup_servers = True
+
+
+common(c, SETTINGS)
+(class_mode if SETTINGS.mode == "class" else trial_mode)(c, SETTINGS)

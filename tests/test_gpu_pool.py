@@ -6,6 +6,7 @@ No GPU is needed: the GPU count is faked the way tests/test_launcher_gpu.py does
 
 Run: .venv/bin/python -m pytest tests/test_gpu_pool.py
 """
+import copy
 import json
 import logging
 import os
@@ -61,6 +62,17 @@ def test_an_empty_pool_refuses_saying_who_holds_what_or_starts_on_the_cpu():
     assert cpu.acquire("bob") == (), "no GPU visible rather than a shared one"
 
 
+def test_a_restarted_hub_claims_what_running_servers_hold_and_lends_it_to_no_one_else():
+    pool = GPUPool(["GPU-a", "GPU-b", "GPU-c"], per_user=1)
+    assert pool.claim("alice", ["GPU-b"]) == (), "no one else held it"
+    assert pool.acquire("bob") == ("GPU-a",) and pool.acquire("carol") == ("GPU-c",)
+    with pytest.raises(PoolExhausted, match=r"held by: alice \(GPU-b\)"):
+        pool.acquire("dan")
+    assert pool.claim("erin", ["GPU-c"]) == ("GPU-c",), "reported: two servers hold it"
+    assert pool.release("alice") == ("GPU-b",) and pool.acquire("dan") == ("GPU-b",)
+    assert copy.deepcopy(pool) is pool, "every spawner's config shares the one pool"
+
+
 def test_bad_pool_settings_say_what_to_do():
     with pytest.raises(ValueError, match="lists a GPU twice"):
         GPUPool(["0", "0"])
@@ -107,7 +119,9 @@ def test_the_hooks_set_cuda_visible_devices_per_server_and_release_on_stop():
     alice, bob, alice_named = FakeSpawner("alice"), FakeSpawner("bob"), FakeSpawner("alice", "big")
     for spawner in (alice, bob):
         pre(spawner)
-    assert alice.environment == {"KEEP": "me", "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert alice.environment == {"KEEP": "me", "CUDA_VISIBLE_DEVICES": "0,1",
+                                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # indices as nvidia-smi's
+    assert alice.gpu_ids == ("0", "1"), "kept in the spawner's state across a hub restart"
     assert bob.environment["CUDA_VISIBLE_DEVICES"] == "2,3"
     with pytest.raises(Exception) as refused:
         pre(alice_named)  # a named server is another owner: the pool is empty

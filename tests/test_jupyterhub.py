@@ -1,351 +1,500 @@
-"""A real JupyterHub with the course's configuration (deploy/jupyterhub_config.py):
-two users log in, start their servers, and run ranks from their kernels at the
-same time; the GPU pool hands each its own (fake) GPU and refuses a third;
-stopping a server leaves none of its processes behind.
+"""The class hub (deploy/jupyterhub_config.py, COURSE_HUB_MODE=class), started for
+real and attacked the way a student would attack it.
 
-Every port is picked free at run time; the hub, its proxy (configurable-http-proxy
-from deploy/proxy/node_modules, installed by `make test` through
-scripts/fetch_proxy.py) and the users' servers listen on 127.0.0.1 only.
+As root (CI is), a temporary class is made of real Unix users
+(tests/hub_class_env.py): students alice, bob and carol, instructor ian, an
+outsider mallory, and a sandbox user for grading; they and their homes are
+removed afterwards, also when a test fails. The hub runs on free ports of
+127.0.0.1 with a pool of two made-up GPUs, one per student. Then:
 
-Run: .venv/bin/python -m pytest tests/test_jupyterhub.py -v   (about 30 s)
+1. logins go through the real login form and PAM: students and the
+   instructor get in, the outsider and a wrong password do not; only the
+   instructor is admin;
+2. alice and bob start servers (each as their own uid) and run ranks at the
+   same moment; then alice tries, from her kernel, what a student would:
+   bob's home, his processes' environments, his kernel's connection file and
+   its ports, the hub's cookie secret, database and log, the proxy's token
+   and API, bob's server with her token and her cookie, killing bob's ranks.
+   Every attempt must fail, and bob's ranks still answer; a third student is
+   refused by the GPU pool, saying why;
+3. a small assignment of this test's own (one hidden test) is released
+   through nbgrader's exchange, alice and bob submit from their servers,
+   alice also plants a submission in bob's name, and the instructor collects
+   and autogrades with deploy/grade_sandboxed.py: the forged submission is
+   not collected, and alice's code, run by the grader, cannot read the hidden
+   test, the gradebook or bob's work, hits the memory and process limits, and
+   leaves nothing behind;
+4. the hub restarts with a short idle timeout: it lends no GPU twice (the
+   servers kept running and the pool learns what they hold), the admin stops
+   bob's server, and the idle culler stops alice's server with all her
+   processes (ranks, and one she detached), her GPU going back to the pool.
+
+Not root: every test here skips, saying so. test_hub_config.py checks the
+refusals (trial mode as root, open binds, missing admin) without a hub.
+
+Run: sudo .venv/bin/python -m pytest tests/test_jupyterhub.py -v   (about 100 s on 2 busy cores)
 """
 import asyncio
 import json
 import os
 import secrets
-import socket
+import stat
 import subprocess
 import sys
 import time
-import urllib.request
-import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 
+import nbformat
 import psutil
 import pytest
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from tornado.websocket import websocket_connect
+import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "deploy" / "jupyterhub_config.py"
-PROXY = ROOT / "deploy" / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
-USERS = ("alice", "bob")
+import hub_attacks
+from hub_class_env import ROOT, TemporaryClass, uid_processes
+from hub_client import PROXY, Hub, HubProcess, LoginRefused, last_json, login_form, token_of
+
 pytestmark = pytest.mark.slow
-
-# The test's own additions to the course configuration: free ports and an
-# admin service token (to create the users); everything else is the course's.
-WRAPPER = """
-c = get_config()
-load_subconfig({config!r})
-c.JupyterHub.hub_bind_url = "http://127.0.0.1:{hub_port}"
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
-c.JupyterHub.services = [{{"name": "course-test", "api_token": {token!r}}}]
-c.JupyterHub.load_roles = [{{"name": "course-test", "services": ["course-test"],
-                             "scopes": ["admin:users", "admin:servers"]}}]
-"""
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def processes_of(user, hub_port):
-    """Every live process this hub started for user: they inherit JUPYTERHUB_USER,
-    and JUPYTERHUB_API_URL names this hub's port (another hub's users do not count)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-            if (env.get("JUPYTERHUB_USER") == user and proc.status() != "zombie"
-                    and f":{hub_port}/" in env.get("JUPYTERHUB_API_URL", "")):
-                found.append(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return found
-
-
-class Hub:
-    """The hub's REST API and each user's server, through the proxy."""
-
-    def __init__(self, url, admin_token, hub_port):
-        self.url, self.admin_token, self.tokens = url, admin_token, {}
-        self.hub_port = hub_port  # the hub's own API port, private to this run
-        self.http = AsyncHTTPClient()
-
-    async def api(self, method, path, token, body=None, ok=(200, 201, 202, 204)):
-        req = HTTPRequest(self.url + path, method=method, request_timeout=120,
-                          headers={"Authorization": f"token {token}"},
-                          body=None if body is None and method == "GET" else json.dumps(body or {}),
-                          allow_nonstandard_methods=True)
-        try:
-            resp = await self.http.fetch(req)
-        except HTTPClientError as e:
-            if e.code in ok:
-                return e.code, None
-            detail = e.response.body.decode() if e.response else ""
-            raise AssertionError(f"{method} {path}: HTTP {e.code} {detail}") from None
-        text = resp.body.decode()
-        return resp.code, json.loads(text) if text.strip() else None
-
-    async def login(self, user):
-        """The user's own token, from their user name and password (the dummy login)."""
-        _, reply = await self.api("POST", f"hub/api/users/{user}/tokens", token="",
-                                  body={"auth": {"username": user, "password": "any"}})
-        self.tokens[user] = reply["token"]
-
-    async def start_server(self, user):
-        await self.api("POST", f"hub/api/users/{user}/server", self.tokens[user])
-        for _ in range(600):
-            _, model = await self.api("GET", f"hub/api/users/{user}", self.tokens[user])
-            if model["servers"].get("", {}).get("ready"):
-                return
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"{user}'s server did not become ready")
-
-    async def kernel(self, user):
-        _, specs = await self.api("GET", f"user/{user}/api/kernelspecs", self.tokens[user])
-        assert specs["kernelspecs"]["python3"]["spec"]["display_name"] == "Python 3 (course)"
-        _, k = await self.api("POST", f"user/{user}/api/kernels", self.tokens[user],
-                              body={"name": "python3"})
-        ws_url = self.url.replace("http", "ws", 1) + f"user/{user}/api/kernels/{k['id']}/channels"
-        ws = await websocket_connect(HTTPRequest(
-            ws_url, headers={"Authorization": f"token {self.tokens[user]}"}))
-        return Kernel(ws)
-
-
-class Kernel:
-    """Executes code in a kernel over its websocket (Jupyter messaging protocol)."""
-
-    def __init__(self, ws):
-        self.ws, self.session = ws, uuid.uuid4().hex
-
-    async def execute(self, code, timeout=120):
-        """Run code; the text of its stdout, or AssertionError with the traceback."""
-        msg_id = uuid.uuid4().hex
-        await self.ws.write_message(json.dumps({
-            "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": self.session,
-                       "username": "", "version": "5.3"},
-            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-            "content": {"code": code, "silent": False, "store_history": False,
-                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}}))
-        out, error = [], None
-        async with asyncio.timeout(timeout):
-            while True:
-                msg = json.loads(await self.ws.read_message())
-                if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                kind = msg["msg_type"]
-                if kind == "stream":
-                    out.append(msg["content"]["text"])
-                elif kind == "error":
-                    error = "\n".join(msg["content"]["traceback"])
-                elif kind == "status" and msg["content"]["execution_state"] == "idle":
-                    break
-        if error:
-            raise AssertionError(f"the kernel raised:\n{error}")
-        return "".join(out)
+ASSIGNMENTS = ROOT / "notebooks" / "assignments"
+PEOPLE = ("alice", "bob", "carol", "ian")
+STUDENTS = ("alice", "bob")  # the two who run ranks and attack
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    assert PROXY.exists(), (f"{PROXY} is missing: run `make test` (or "
-                            "`python3 scripts/fetch_proxy.py`), which installs it")
-    tmp = tmp_path_factory.mktemp("hub")
-    port, hub_port, token = free_port(), free_port(), secrets.token_hex(16)
-    wrapper = tmp / "test_config.py"
-    wrapper.write_text(WRAPPER.format(config=str(CONFIG), hub_port=hub_port,
-                                      api_port=free_port(), token=token))
-    env = {**os.environ, "COURSE_HUB_URL": f"http://127.0.0.1:{port}",
-           "COURSE_HUB_HOME": str(tmp / "home" / "{username}"),
-           "COURSE_GPU_POOL": "0,1", "COURSE_GPUS_PER_USER": "1",
-           "COURSE_GPU_WHEN_EMPTY": "refuse", "PYTHONPATH": str(ROOT)}
-    env.pop("COURSE_HUB_PASSWORD", None)
-    log = open(tmp / "hub.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(wrapper)],
-                            cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                pass
-            urllib.request.urlopen(url + "hub/api/", timeout=5)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"the hub did not start:\n{(tmp / 'hub.log').read_text()[-4000:]}")
-            time.sleep(0.2)
-    yield Hub(url, token, hub_port), tmp
-    proc.terminate()
+def klass():
+    if os.geteuid() != 0:
+        pytest.skip("the class hub tests create Unix users: run them as root (CI does)")
+    assert PROXY.exists(), f"{PROXY} is missing: run `make test` (or scripts/fetch_proxy.py)"
+    made, mode = TemporaryClass(), stat.S_IMODE(ASSIGNMENTS.stat().st_mode)
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+        made.create(students=("alice", "bob", "carol"), instructors=("ian",),
+                    outsiders=("mallory",), sandbox="sandbox")
+        made.grant_python()
+        os.chmod(ASSIGNMENTS, mode & ~0o077)  # the class hub refuses to start otherwise
+        yield made
+    finally:
+        os.chmod(ASSIGNMENTS, mode)
+        made.remove()
 
 
-START = """
-import json, os, sys, time
-import labsupport as ls
-import torch.distributed as dist
-while not os.path.exists({go!r}):
-    time.sleep(0.01)
-cluster = ls.start(world_size=2)
-cluster.run(dist.barrier)
-print(json.dumps({{"kernel": os.getpid(), "ranks": cluster.pids, "python": sys.executable,
-                  "labsupport": ls.__file__, "backend": cluster.backend,
-                  "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}}))
-"""
-
-# Ten all-reduces over about half a second, so the two users' runs overlap.
-ALLREDUCE = """
-while not os.path.exists({go!r}):
-    time.sleep(0.01)
-def allreduce(tag):
-    import time, torch, torch.distributed as dist
-    start = time.time()
-    for _ in range(10):
-        t = torch.tensor([float(dist.get_rank() + tag)])
-        dist.all_reduce(t)
-        time.sleep(0.05)
-    return t.item(), start, time.time()
-print(json.dumps(cluster.run(allreduce, {tag}, timeout=60)))
-"""
-
-# What one user's kernel can see of another's group (given its process ids):
-# the same observations as tests/test_launcher_isolation.py makes of one group.
-PROBE = """
-import psutil, stat
-def probe(pids):
-    seen = {{"listen": [], "remote": [], "named_unix": [], "dirs": {{}}, "sessions": []}}
-    for pid in pids:
-        p = psutil.Process(pid)
-        for conn in p.net_connections(kind="inet"):
-            if conn.status == psutil.CONN_LISTEN:
-                seen["listen"].append([conn.laddr.ip, conn.laddr.port])
-            if conn.raddr:
-                seen["remote"].append([conn.raddr.ip, conn.raddr.port])
-        seen["named_unix"] += [c.laddr for c in p.net_connections(kind="unix") if c.laddr]
-        folder = os.path.dirname(os.readlink(f"/proc/{{pid}}/fd/1"))
-        seen["dirs"][folder] = stat.S_IMODE(os.stat(folder).st_mode)
-        seen["sessions"].append(os.getsid(pid))
-    return seen
-print(json.dumps({{"mine": probe({mine}), "theirs": probe({theirs}),
-                  "my_session": os.getsid(0), "current": ls.current().pids}}))
-"""
+@pytest.fixture(scope="module")
+def hub(klass):
+    folder = klass.base / "run"
+    folder.mkdir(mode=0o700)
+    process = HubProcess(folder, {
+        "COURSE_HUB_STATE": str(klass.base / "state"), "COURSE_SPAWNER": "local",
+        "COURSE_STUDENT_GROUP": klass.students_group,
+        "COURSE_INSTRUCTOR_GROUP": klass.instructors_group,
+        "COURSE_GPU_POOL": "0,1", "COURSE_GPUS_PER_USER": "1", "COURSE_GPU_WHEN_EMPTY": "refuse",
+        "COURSE_CPUS_PER_USER": "1", "COURSE_IDLE_TIMEOUT": "3600", "PYTHONPATH": str(ROOT)})
+    process.start()
+    yield process
+    process.stop()
 
 
-def last_json(text):
-    return json.loads(text.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()  # one loop: the kernels' websockets live in it
+    yield loop
+    loop.close()
 
 
-def check_isolated(seen, mine, theirs):
-    """Assert that the two users' groups share nothing one could reach the other by."""
-    for who in ("mine", "theirs"):
-        for ip, port in seen[who]["listen"] + seen[who]["remote"]:
-            assert ip in ("127.0.0.1", "::1"), f"{who}: a socket on {ip}:{port}, not loopback"
-        assert seen[who]["named_unix"] == [], f"{who}: a Unix socket with a name (a way in)"
-        assert set(seen[who]["dirs"].values()) == {0o700}, f"{who}: group folder not private"
-    assert len(seen["mine"]["listen"]) >= 2, "gloo's listening sockets should have been seen"
-    mine_ports = {tuple(a) for a in seen["mine"]["listen"]}
-    their_ports = {tuple(a) for a in seen["theirs"]["listen"]}
-    assert not mine_ports & their_ports, "two groups listen on one port"
-    assert not {tuple(a) for a in seen["mine"]["remote"]} & their_ports, "connected across users"
-    assert not {tuple(a) for a in seen["theirs"]["remote"]} & mine_ports, "connected across users"
-    assert not set(seen["mine"]["dirs"]) & set(seen["theirs"]["dirs"]), "a shared group folder"
-    assert seen["my_session"] not in seen["theirs"]["sessions"]
-    assert sorted(seen["current"]) == sorted(mine["ranks"])
-    assert not set(mine["ranks"]) & set(theirs["ranks"])
+class Person:
+    def __init__(self, account, browser, token):
+        self.account, self.browser, self.token = account, browser, token
+        self.name, self.uid, self.home = account.name, account.uid, account.home
 
 
-async def gone_within(hub, user, seconds):
-    deadline = time.monotonic() + seconds
-    while processes_of(user, hub.hub_port):
-        if time.monotonic() > deadline:
-            left = [psutil.Process(p).cmdline()[:3] for p in processes_of(user, hub.hub_port)]
-            raise AssertionError(f"{user}'s processes still there {seconds} s after stop: {left}")
-        await asyncio.sleep(0.1)
+@pytest.fixture(scope="module")
+def people(hub, klass):
+    """Everyone of the class logged in through the login form, with an API token."""
+    def log_in(short):
+        account = klass.accounts[short]
+        browser = login_form(hub.url, account.name, account.password)
+        return Person(account, browser, token_of(browser, hub.url, account.name))
+    with ThreadPoolExecutor(len(PEOPLE)) as pool:
+        return dict(zip(PEOPLE, pool.map(log_in, PEOPLE)))
 
 
-def test_two_users_run_ranks_at_once_each_on_its_own_gpus_and_leave_nothing_behind(hub):
-    hub, tmp = hub
+class Servers:
+    def __init__(self, api, kernels):
+        self.api, self.kernels = api, kernels
+
+
+@pytest.fixture(scope="module")
+def servers(loop, hub, people):
+    """alice's and bob's servers started through the hub, a kernel open in each."""
+    async def start():
+        api = Hub(hub.url)
+        await asyncio.gather(*(api.start_server(people[s].name, people[s].token)
+                               for s in STUDENTS))
+        kernels = await asyncio.gather(*(api.kernel(people[s].name, people[s].token)
+                                         for s in STUDENTS))
+        return Servers(api, dict(zip(STUDENTS, kernels)))
+    return loop.run_until_complete(start())
+
+
+def with_log(hub, fn, *args):
+    """Run a test's body; on failure, show the end of the hub's log too."""
     try:
-        asyncio.run(scenario(hub, tmp))
+        return fn(*args)
     except AssertionError as e:
-        raise AssertionError(f"{e}\n--- the hub's log:\n{(tmp / 'hub.log').read_text()[-6000:]}")
+        raise AssertionError(f"{e}\n--- the hub's log:\n{hub.log()[-6000:]}") from None
+
+
+def test_logins_go_through_pam_and_only_the_class_groups_get_in(hub, klass, people):
+    refused = {"an outsider with his own password": ("mallory", None),
+               "a student with a wrong password": ("bob", "not-the-password")}
+    for what, (short, password) in refused.items():
+        account = klass.accounts[short]
+        with pytest.raises(LoginRefused, match="403"):
+            login_form(hub.url, account.name, password or account.password)
+    admin = {}
+    for short in ("alice", "ian"):
+        reply = people[short].browser.get(hub.url + "hub/api/user", timeout=60,
+                                          headers={"Authorization": f"token {people[short].token}"})
+        admin[short] = reply.json()["admin"]
+    assert admin == {"alice": False, "ian": True}, "the instructors' group, and only it, is admin"
+    assert "Trial mode" not in people["alice"].browser.get(hub.url + "hub/login").text
+
+
+# --- 2. ranks side by side, then alice against bob ------------------------------
+
+def test_two_students_run_ranks_at_once_and_neither_reaches_the_other(loop, hub, klass,
+                                                                       people, servers):
+    with_log(hub, lambda: loop.run_until_complete(ranks_and_attacks(hub, klass, people, servers)))
 
 
 async def together(kernels, go, codes):
-    """Run each user's code in their kernel at the same moment; their last JSON lines."""
-    runs = [kernels[u].execute(code) for u, code in zip(USERS, codes)]
+    runs = [kernels[s].execute(code) for s, code in zip(STUDENTS, codes)]
     go.touch()
-    return dict(zip(USERS, map(last_json, await asyncio.gather(*runs))))
+    return dict(zip(STUDENTS, map(last_json, await asyncio.gather(*runs))))
 
 
-async def scenario(hub, tmp):
-    started = time.monotonic()
-    await hub.api("POST", "hub/api/users", hub.admin_token,
-                  body={"usernames": [*USERS, "carol"]})
-    await asyncio.gather(*(hub.login(u) for u in (*USERS, "carol")))
-    await asyncio.gather(*(hub.start_server(u) for u in USERS))
-    kernels = dict(zip(USERS, await asyncio.gather(*(hub.kernel(u) for u in USERS))))
-    info = await start_groups_together(kernels, tmp / "go-start")
-    await allreduce_together(kernels, tmp / "go-allreduce")
-    await neither_reaches_the_other(kernels, info)
-    await pool_refuses_then_stop_cleans_up(hub, kernels, info, tmp)
-    print(f"hub scenario: {time.monotonic() - started:.1f} s")
-
-
-async def start_groups_together(kernels, go):
-    """1. Both users start a 2-rank group at the same moment, in the course environment."""
-    info = await together(kernels, go, [START.format(go=str(go))] * 2)
-    for user in USERS:
-        assert Path(info[user]["python"]).resolve() == Path(sys.executable).resolve(), \
-            "the kernel runs in the course environment"
-        assert Path(info[user]["labsupport"]).is_relative_to(ROOT)
-        assert info[user]["backend"] == "gloo"  # the GPUs of the pool are fake here
-    assert sorted(info[u]["cuda"] for u in USERS) == ["0", "1"], "one GPU each, not the same"
-    return info
-
-
-async def allreduce_together(kernels, go):
-    """2. Both all-reduce at the same time: right results, overlapping runs."""
-    results = await together(kernels, go, [ALLREDUCE.format(go=str(go), tag=10 * i)
-                                           for i in range(len(USERS))])
-    for i, user in enumerate(USERS):
-        assert [r[0] for r in results[user]] == [2.0 * 10 * i + 1] * 2, f"{user}: wrong sum"
-    windows = [(min(r[1] for r in results[u]), max(r[2] for r in results[u])) for u in USERS]
+async def ranks_and_attacks(hub, klass, people, servers):
+    sync = klass.base / "sync"
+    sync.mkdir(mode=0o755, exist_ok=True)
+    kernels = servers.kernels
+    info = await together(kernels, sync / "go-start",
+                          [hub_attacks.START.format(go=str(sync / "go-start"))] * 2)
+    for s in STUDENTS:
+        assert info[s]["uid"] == people[s].uid, f"{s}'s kernel runs as {s}'s own Unix user"
+        assert Path(info[s]["python"]).resolve() == Path(sys.executable).resolve()
+        assert Path(info[s]["labsupport"]).is_relative_to(ROOT)
+        assert (info[s]["backend"], info[s]["cpus"]) == ("gloo", "1")  # the GPUs are made up
+    assert sorted(info[s]["cuda"] for s in STUDENTS) == ["0", "1"], "one GPU each"
+    results = await together(kernels, sync / "go-reduce", [hub_attacks.ALLREDUCE.format(
+        go=str(sync / "go-reduce"), tag=10 * i) for i in range(2)])
+    for i, s in enumerate(STUDENTS):
+        assert [r[0] for r in results[s]] == [2.0 * 10 * i + 1] * 2, f"{s}: wrong sum"
+    windows = [(min(r[1] for r in results[s]), max(r[2] for r in results[s])) for s in STUDENTS]
     assert max(w[0] for w in windows) < min(w[1] for w in windows), "the runs did not overlap"
+    trees = {s: server_tree(info[s]) for s in STUDENTS}
+    for s in STUDENTS:
+        check_runs_as(people[s], trees[s])
+    check_isolated(info, people)
+    await alice_attacks_bob(hub, klass, people, servers, info, trees["bob"])
+    assert last_json(await kernels["bob"].execute(hub_attacks.STILL_REDUCES)) == [2.0, 2.0], \
+        "bob's group survives alice's signals and the garbage sent to its gloo ports"
+    check_browser_cookie(hub, people)
+    with pytest.raises(AssertionError, match=f"No GPU free for {people['carol'].name}"):
+        await servers.api.start_server(people["carol"].name, people["carol"].token)
 
 
-async def neither_reaches_the_other(kernels, info):
-    """3. Neither group is reachable from the other user's kernel; cleanup stays local."""
-    for me, them in (USERS, USERS[::-1]):
-        mine = [psutil.Process(info[me]["ranks"][0]).ppid(), *info[me]["ranks"]]
-        theirs = [psutil.Process(info[them]["ranks"][0]).ppid(), *info[them]["ranks"]]
-        seen = last_json(await kernels[me].execute(PROBE.format(mine=mine, theirs=theirs)))
-        check_isolated(seen, info[me], info[them])
-    await kernels["alice"].execute("ls.shutdown()")
-    assert last_json(await kernels["bob"].execute("print(cluster.run(lambda: 5))")) == [5, 5]
+def server_tree(info):
+    """The student's server and everything under it (kernel, process server, ranks)."""
+    server = psutil.Process(info["kernel"]).parent()
+    return [server, *server.children(recursive=True)]
 
 
-async def pool_refuses_then_stop_cleans_up(hub, kernels, info, tmp):
-    """4. A third user is refused, saying why. 5. A server stopped through the hub
-    leaves nothing of its user within 5 s, and its GPU goes to the third user."""
-    with pytest.raises(AssertionError) as refused:
-        await hub.start_server("carol")
-    assert "No GPU free for carol" in str(refused.value)
-    await kernels["alice"].execute("cluster = ls.start(world_size=2); cluster.run(dist.barrier)")
-    for user in USERS:  # each: server, kernel, process server, 2 ranks (at least)
-        assert len(processes_of(user, hub.hub_port)) >= 5, f"{user}'s ranks should be running"
-    await hub.api("DELETE", "hub/api/users/alice/server", hub.tokens["alice"])
-    await gone_within(hub, "alice", 5)
-    await hub.start_server("carol")
-    log = (tmp / "hub.log").read_text()
-    assert f"gpu_pool: carol gets CUDA_VISIBLE_DEVICES='{info['alice']['cuda']}'" in log
-    for user in ("bob", "carol"):
-        await hub.api("DELETE", f"hub/api/users/{user}/server", hub.tokens[user])
-    await asyncio.gather(gone_within(hub, "bob", 5), gone_within(hub, "carol", 5))
+def check_runs_as(person, tree):
+    """Every process of the server's tree is the student's, none root; home 0700;
+    the server's log is the student's own, and it culls idle kernels."""
+    for proc in tree:
+        assert set(proc.uids()) == {person.uid}, f"{proc.cmdline()[:3]} is not {person.name}'s"
+        assert "--allow-root" not in proc.cmdline()
+    assert stat.S_IMODE(person.home.stat().st_mode) == 0o700, "created 0755, made 0700 at spawn"
+    log = person.home / ".course-hub" / "server.log"
+    assert log.stat().st_uid == person.uid and stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert "Culling kernels with idle durations > 1800 seconds" in log.read_text()
+
+
+def group_view(pids):
+    """What root sees of a group (process server and ranks): sockets, folders, sessions."""
+    seen = {"listen": set(), "remote": set(), "named_unix": [], "dirs": {}, "sessions": set()}
+    for pid in pids:
+        proc = psutil.Process(pid)
+        for conn in proc.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN:
+                seen["listen"].add((conn.laddr.ip, conn.laddr.port))
+            if conn.raddr:
+                seen["remote"].add((conn.raddr.ip, conn.raddr.port))
+        seen["named_unix"] += [c.laddr for c in proc.net_connections(kind="unix") if c.laddr]
+        folder = os.path.dirname(os.readlink(f"/proc/{pid}/fd/1"))
+        info = os.stat(folder)
+        seen["dirs"][folder] = (stat.S_IMODE(info.st_mode), info.st_uid)
+        seen["sessions"].add(os.getsid(pid))
+    return seen
+
+
+def check_isolated(info, people):
+    """The two groups share nothing one could reach the other by."""
+    view = {s: group_view([psutil.Process(info[s]["ranks"][0]).ppid(), *info[s]["ranks"]])
+            for s in STUDENTS}
+    for s, seen in view.items():
+        assert all(ip in ("127.0.0.1", "::1") for ip, _ in seen["listen"] | seen["remote"])
+        assert seen["named_unix"] == [], f"{s}: a Unix socket with a name (a way in)"
+        assert set(seen["dirs"].values()) == {(0o700, people[s].uid)}, f"{s}: folder not private"
+    a, b = view["alice"], view["bob"]
+    assert len(a["listen"]) >= 2, "gloo's listening sockets should have been seen"
+    assert not a["listen"] & b["listen"] and not a["remote"] & b["listen"]
+    assert not b["remote"] & a["listen"] and not set(a["dirs"]) & set(b["dirs"])
+    assert not a["sessions"] & b["sessions"]
+
+
+def secrets_of(hub, klass, bob_kernel):
+    """The values alice must find nowhere: the proxy's token, the cookie secret,
+    bob's API token, bob's kernel's key."""
+    hub_proc = psutil.Process(hub.proc.pid)
+    own = [p for p in hub_proc.children() if p.uids().real == 0]  # proxy, culler; not servers
+    proxy, = [p for p in own if "configurable-http-proxy" in " ".join(p.cmdline())]
+    connection = json.loads(Path(connection_file(bob_kernel)).read_text())
+    return {"the proxy's token": proxy.environ()["CONFIGPROXY_AUTH_TOKEN"],
+            "the cookie secret": (klass.base / "state/jupyterhub_cookie_secret").read_text().strip(),
+            "B's API token": psutil.Process(bob_kernel).environ()["JUPYTERHUB_API_TOKEN"],
+            "B's kernel key": connection["key"]}, [hub_proc.pid, *[p.pid for p in own]]
+
+
+def connection_file(kernel_pid):
+    cmdline = psutil.Process(kernel_pid).cmdline()
+    return cmdline[cmdline.index("-f") + 1]
+
+
+async def alice_attacks_bob(hub, klass, people, servers, info, bob_tree):
+    bob = people["bob"]
+    hidden, hub_pids = secrets_of(hub, klass, info["bob"]["kernel"])
+    server_port, = [c.laddr.port for c in bob_tree[0].net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN]
+    state = klass.base / "state"
+    targets = {"home": str(bob.home), "connection_file": connection_file(info["bob"]["kernel"]),
+               "pids": [p.pid for p in bob_tree], "hub_pids": hub_pids, "state": str(state),
+               "hub_files": [str(state / f) for f in ("jupyterhub_cookie_secret",
+                                                      "jupyterhub.sqlite")] + [str(hub.log_path)],
+               "assignments": str(ASSIGNMENTS / "source"),
+               "proxy_api": f"http://127.0.0.1:{hub.api_port}/api/routes",
+               "server_direct": f"http://127.0.0.1:{server_port}/user/{bob.name}/api/kernels",
+               "server_proxied": hub.url + f"user/{bob.name}/api/kernels",
+               "hub_user": hub.url + f"hub/api/users/{bob.name}", "secrets": hidden,
+               "rank_ports": sorted({c.laddr.port for pid in info["bob"]["ranks"] for c in
+                                     psutil.Process(pid).net_connections(kind="inet")
+                                     if c.status == psutil.CONN_LISTEN})}
+    check_owner_gets_in(targets, bob.token, hidden["the proxy's token"])
+    for path in [bob.home / ".profile", targets["connection_file"], *targets["hub_files"]]:
+        assert Path(path).exists(), f"{path}: a denial must not mean a wrong path"
+    results = last_json(await servers.kernels["alice"].execute(
+        hub_attacks.PEER.format(targets=json.dumps(targets))))
+    allowed = [r for r in results if not r[1].startswith("denied")]
+    assert not allowed, f"alice got through: {allowed}"
+    assert len(results) >= 20 + 2 * len(targets["pids"])
+    print("alice against bob and the hub:\n" + "\n".join(f"  {w}: {v}" for w, v in results))
+    await inject_into_bobs_kernel(servers, info, bob)
+    for path in ("jupyterhub_cookie_secret", "jupyterhub.sqlite"):
+        assert stat.S_IMODE((state / path).stat().st_mode) == 0o600
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+
+
+def check_owner_gets_in(targets, bob_token, proxy_token):
+    """The URLs alice is denied work for their owner: her 403s and 404s mean "not
+    yours", not a wrong address."""
+    for url, token in ((targets["server_direct"], bob_token), (targets["server_proxied"], bob_token),
+                       (targets["hub_user"], bob_token), (targets["proxy_api"], proxy_token)):
+        reply = requests.get(url, headers={"Authorization": f"token {token}"}, timeout=60)
+        assert reply.status_code == 200, f"{url} with its owner's token: HTTP {reply.status_code}"
+
+
+async def inject_into_bobs_kernel(servers, info, bob):
+    connection = json.loads(Path(connection_file(info["bob"]["kernel"])).read_text())
+    ports = {k: connection[k] for k in ("shell_port", "iopub_port", "stdin_port",
+                                        "control_port", "hb_port")}
+    marker = bob.home / f"written-by-alice-{secrets.token_hex(4)}"
+    await servers.kernels["alice"].execute(hub_attacks.INJECT.format(
+        targets=json.dumps({"ports": ports, "marker": str(marker)})))
+    assert not marker.exists(), "alice's code ran in bob's kernel"
+
+
+def check_browser_cookie(hub, people):
+    """alice's browser, logged in, opens her own server, then bob's."""
+    browser, alice, bob = people["alice"].browser, people["alice"].name, people["bob"].name
+    own = browser.get(hub.url + f"user/{alice}/lab", timeout=60)
+    assert own.status_code == 200 and "jupyter-config-data" in own.text
+    theirs = browser.get(hub.url + f"user/{bob}/lab", timeout=60)
+    assert theirs.status_code == 403, f"alice's cookie opened bob's server: {theirs.url}"
+    assert "jupyter-config-data" not in theirs.text
+
+
+# --- 3. grading --------------------------------------------------------------
+
+NETNS_PROBE = ("import ctypes, sys\n"
+               "sys.exit(ctypes.CDLL(None, use_errno=True).unshare(0x40000000) != 0)")
+
+
+def test_autograding_runs_each_submission_sandboxed_and_collects_no_forgery(loop, hub, klass,
+                                                                            people, servers):
+    if subprocess.run([sys.executable, "-c", NETNS_PROBE]).returncode:
+        pytest.skip("no network namespace can be made here (CAP_SYS_ADMIN): the grading "
+                    "sandbox refuses to run students' code without one")
+    with_log(hub, lambda: loop.run_until_complete(grading(hub.url, klass, people, servers)))
+
+
+def instructor(*command, cwd):
+    """A command of the instructor (root), with the course's environment on PATH."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{command[:4]}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout + done.stderr
+
+
+def release_tiny(klass):
+    """The instructor's side: a private course directory with the test's own
+    assignment, generated and released through a sticky exchange folder."""
+    course, exchange = klass.base / "course", klass.base / "exchange"
+    course.mkdir(mode=0o700)
+    exchange.mkdir()
+    os.chmod(exchange, 0o1777)  # sticky: no student renames the course's folder
+    options = [f"--Exchange.root={exchange}", f"--CourseDirectory.course_id={klass.prefix}"]
+    marker = f"hidden-{secrets.token_hex(8)}"
+    hub_attacks.tiny_assignment(course / "source" / "tiny" / "tiny.ipynb", marker)
+    for step in ("generate_assignment", "release_assignment"):
+        instructor(sys.executable, "-m", "nbgrader", step, "tiny",
+                   f"--CourseDirectory.root={course}", *options, cwd=course)
+    return course, exchange / klass.prefix / "inbound", options, marker
+
+
+def grader_targets(hub_url, klass, people, course, inbound, links):
+    """What alice's graded code goes for: files and folders as root sees them."""
+    alice, bob = people["alice"].name, people["bob"].name
+    return {
+        "files": {**{f"the {name} she planted": name for name in links},
+                  "the source assignment": str(course / "source/tiny/tiny.ipynb"),
+                  "the gradebook": str(course / "gradebook.db"),
+                  "her autograded notebook": str(course / f"autograded/{alice}/tiny/tiny.ipynb"),
+                  "B's submission": str(course / f"submitted/{bob}/tiny/tiny.ipynb")},
+        "folders": {"the course": str(course), "B's home": str(people["bob"].home),
+                    "the exchange's inbound": str(inbound),
+                    "the repository's assignments": str(ASSIGNMENTS)},
+        "urls": {"the hub": hub_url + "hub/api/"}}
+
+
+async def grading(hub_url, klass, people, servers):
+    course, inbound, options, marker = release_tiny(klass)
+    memory, processes = 2 << 30, 256  # per process; of the sandbox user (torch's threads count)
+    links = {"gradebook-link": str(course / "gradebook.db"),
+             "source-link": str(course / "source/tiny/tiny.ipynb")}
+    targets = grader_targets(hub_url, klass, people, course, inbound, links)
+    planted = f"planted-{secrets.token_hex(4)}"
+    attack = hub_attacks.graded_attack({**targets, "marker_reversed": marker[::-1],
+                                        "memory": memory, "processes": processes,
+                                        "planted": planted})
+    answers = {"alice": attack, "bob": "def square(x):\n    return x * x"}
+    await asyncio.gather(*(servers.kernels[s].execute(hub_attacks.SUBMIT.format(
+        options=options, answer=answers[s])) for s in STUDENTS))
+    await servers.kernels["alice"].execute(hub_attacks.FORGE.format(
+        inbound=str(inbound), bob=people["bob"].name, alice=people["alice"].name, links=links))
+    grade = [sys.executable, str(ROOT / "deploy" / "grade_sandboxed.py")]
+    said = instructor(*grade, "collect", "tiny", "--course-dir", str(course), *options, cwd=course)
+    assert f"Not collected: {people['bob'].name}+tiny+2099" in said, said
+    assert all(f"Not collected: the link {name}" in said for name in links), said
+    collected = (course / f"submitted/{people['bob'].name}/tiny/tiny.ipynb").read_text()
+    assert "return x * x" in collected and "return 0" not in collected
+    said = instructor(*grade, "autograde", "tiny", "--course-dir", str(course),
+                      "--sandbox-user", klass.accounts["sandbox"].name, "--memory", str(memory),
+                      "--processes", str(processes), "--deadline", "300", *options, cwd=course)
+    missing = [p for w, p in targets["files"].items() if "planted" not in w and not Path(p).exists()]
+    assert not missing, f"a denial must not mean a wrong path: {missing}"
+    check_graded(course, klass, people, said, marker, planted)
+
+
+def check_graded(course, klass, people, said, marker, planted):
+    from nbgrader.api import Gradebook
+    for s in STUDENTS:
+        assert f"{people[s].name}: graded" in said, said[-3000:]
+    with Gradebook(f"sqlite:///{course}/gradebook.db", course_id=klass.prefix) as book:
+        scores = {s: book.find_submission("tiny", people[s].name).score for s in STUDENTS}
+    assert scores == {"alice": 3.0, "bob": 3.0}, "both answers are right, on 2 ranks too"
+    graded = nbformat.read(course / f"autograded/{people['alice'].name}/tiny/tiny.ipynb", 4)
+    outputs = [o for c in graded.cells for o in c.get("outputs", [])]
+    assert marker not in json.dumps(outputs), "the hidden test's text reached alice's outputs"
+    text = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
+    lines = [t for t in text.splitlines() if t.startswith("ATTACK-RESULTS ")]
+    assert len(lines) == 1, f"alice's attack printed no verdicts; her outputs: {outputs}"
+    line, = lines
+    results = json.loads(line.removeprefix("ATTACK-RESULTS "))
+    allowed = [r for r in results if not r[1].startswith("denied")]
+    assert not allowed, f"alice's graded code got through: {allowed}"
+    verdicts = dict(results)
+    assert verdicts["allocate twice the memory limit"] == "denied: MemoryError"
+    assert verdicts["start more processes than the limit"] == "denied: BlockingIOError"
+    print("alice's code, as the grader ran it:\n" + "\n".join(f"  {w}: {v}" for w, v in results))
+    assert uid_processes.pids_of(klass.accounts["sandbox"].uid) == [], "a sandbox process left"
+    assert not (Path("/tmp") / planted).exists(), "a file left for the next submission"
+    assert not list(Path("/tmp").glob("grade-*")), "a job folder left behind"
+
+
+# --- 4. restart and idle culling --------------------------------------------------
+
+def test_a_restarted_hub_lends_no_gpu_twice_and_idle_servers_are_culled(loop, hub, klass,
+                                                                        people, servers):
+    with_log(hub, lambda: loop.run_until_complete(restart_and_cull(hub, people, servers)))
+
+
+async def mark_active(hub, api, names):
+    now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    for name in names:
+        await api.api("POST", f"hub/api/users/{name}/activity", hub.token,
+                      body={"last_activity": now, "servers": {"": {"last_activity": now}}})
+
+
+async def gone_within(uid, seconds, what):
+    deadline = time.monotonic() + seconds
+    while uid_processes.pids_of(uid):
+        if time.monotonic() > deadline:
+            left = [psutil.Process(p).cmdline()[:3] for p in uid_processes.pids_of(uid)]
+            raise AssertionError(f"{what}: processes still there after {seconds} s: {left}")
+        await asyncio.sleep(0.2)
+
+
+async def logged_within(hub, text, seconds):
+    """The hub logs text within seconds (a stop's hooks run after its processes end)."""
+    deadline = time.monotonic() + seconds
+    while text not in hub.log():
+        assert time.monotonic() < deadline, f"the hub did not log {text!r} in {seconds} s"
+        await asyncio.sleep(0.2)
+
+
+async def restart_and_cull(hub, people, servers):
+    alice, bob, carol, ian = (people[s] for s in ("alice", "bob", "carol", "ian"))
+    await servers.kernels["alice"].execute(
+        "import subprocess, labsupport as ls, torch.distributed as dist\n"
+        "subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+        "cluster = ls.start(world_size=2)\ncluster.run(dist.barrier)")
+    idle_timeout = 20  # from mark_active to carol's refusal: a hub stop and start
+    await mark_active(hub, servers.api, [alice.name, bob.name])  # idle from now on
+    hub.stop()
+    assert len(uid_processes.pids_of(alice.uid)) >= 5, "servers outlive the hub"
+    hub.start(COURSE_IDLE_TIMEOUT=str(idle_timeout))
+    for name, gpu in ((alice.name, "0"), (bob.name, "1")):
+        assert f"gpu_pool: {name} still holds '{gpu}'" in hub.log(), "restored at start"
+    refused = f"No GPU free for {carol.name}.*held by: {alice.name} \\(0\\), {bob.name} \\(1\\)"
+    with pytest.raises(AssertionError, match=refused):
+        await servers.api.start_server(carol.name, carol.token)
+    await servers.api.api("DELETE", f"hub/api/users/{bob.name}/server", ian.token)
+    await gone_within(bob.uid, 30, "bob's server stopped by the admin")
+    await servers.api.start_server(carol.name, carol.token)
+    assert f"gpu_pool: {carol.name} gets CUDA_VISIBLE_DEVICES=" in hub.log()
+    await gone_within(alice.uid, idle_timeout + 20, "alice's idle server")
+    assert f"Culling server {alice.name} (inactive for" in hub.log(), "the culler stopped it"
+    await logged_within(hub, f"gpu_pool: {alice.name} gave back '0'", 30)
+    await servers.api.api("DELETE", f"hub/api/users/{carol.name}/server", ian.token)
+    await gone_within(carol.uid, 30, "carol's server stopped by the admin")

@@ -1,0 +1,215 @@
+"""Every setting the course hub reads from its environment, and the checks that
+stop it before it serves anyone in a way it should not.
+
+Two modes (``COURSE_HUB_MODE``):
+
+- ``class`` (default): PAM logins limited to two Unix groups, one Unix user
+  per student (class_spawner.py). Needs root (to read passwords and to switch
+  to each student's uid). Refuses to start without an admin, with the
+  instructors' assignments readable by students, with a Python students cannot
+  run, or on a non-loopback address without TLS.
+- ``trial``: every server runs as the hub's own user; loopback only, never as
+  root. For one person trying the labs, or colleagues who trust each other.
+
+`read(environ)` gives a `Settings`; `refusals(settings)` lists what is wrong;
+`check(settings)` raises SystemExit with all of it, which JupyterHub reports
+before it opens any port. Standard library only.
+"""
+import dataclasses
+import grp
+import ipaddress
+import os
+import pwd
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository
+ASSIGNMENTS = ROOT / "notebooks" / "assignments"  # solutions and hidden tests inside
+NOBODY = 65534  # who tries the course's Python, with the students' group
+INTEGERS = {"cpus": "COURSE_CPUS_PER_USER", "processes": "COURSE_PROCESSES_PER_USER",
+            "idle_timeout": "COURSE_IDLE_TIMEOUT", "kernel_idle_timeout": "COURSE_KERNEL_IDLE_TIMEOUT"}
+
+
+@dataclasses.dataclass
+class Settings:
+    mode: str                 # "class" or "trial"
+    bind_url: str
+    state_dir: Path           # cookie secret, database, proxy pid: 0700, files 0600
+    ssl_cert: str = ""
+    ssl_key: str = ""
+    student_group: str = "course-students"
+    instructor_group: str = "course-instructors"
+    admin_users: tuple = ()
+    spawner: str = "local"    # "local" or "systemd" (class mode)
+    cpus: int | None = None   # per server: LABSUPPORT_CPUS, and systemd's CPUQuota
+    memory: str = ""          # per server, systemd's MemoryMax ("32G")
+    processes: int = 4096     # per student: RLIMIT_NPROC or systemd's TasksMax
+    idle_timeout: int = 3600  # a server with no activity this long is stopped
+    kernel_idle_timeout: int = 1800  # an idle kernel (tab open or not) is shut down
+    trial_password: str = ""  # trial: one shared password ("" = any password)
+    trial_home: str = ""      # trial: each user's folder, with {username}
+    errors: list = dataclasses.field(default_factory=list)  # malformed settings
+
+
+def read(environ=None, gpus=(), gpus_per_user=1):
+    """Settings from the environment (gpus: the pool's, for the default CPU share)."""
+    env = os.environ if environ is None else environ
+    mode = env.get("COURSE_HUB_MODE", "class").strip() or "class"
+    home = Path(os.path.expanduser("~"))
+    default_state = "/srv/course-hub" if mode == "class" else str(home / ".local/state/course-hub")
+    s = Settings(mode=mode, bind_url=env.get("COURSE_HUB_URL", "http://127.0.0.1:8000"),
+                 state_dir=Path(env.get("COURSE_HUB_STATE", default_state)).resolve(),
+                 ssl_cert=env.get("COURSE_HUB_SSL_CERT", ""),
+                 ssl_key=env.get("COURSE_HUB_SSL_KEY", ""),
+                 trial_password=env.get("COURSE_HUB_PASSWORD", ""),
+                 trial_home=env.get("COURSE_HUB_HOME", str(home / "course-hub-trial/{username}")))
+    s.student_group = env.get("COURSE_STUDENT_GROUP", s.student_group)
+    s.instructor_group = env.get("COURSE_INSTRUCTOR_GROUP", s.instructor_group)
+    s.admin_users = tuple(u.strip() for u in env.get("COURSE_ADMIN_USERS", "").split(",")
+                          if u.strip())
+    s.memory = env.get("COURSE_MEMORY_PER_USER", "").strip()
+    s.spawner = _spawner(env.get("COURSE_SPAWNER", "auto").strip(), s.errors)
+    if mode not in ("class", "trial"):
+        s.errors.append(f"COURSE_HUB_MODE={mode!r}: use 'class' (default) or 'trial'")
+    for field, name in INTEGERS.items():
+        text = env.get(name, "").strip()
+        if text and (not text.isdigit() or int(text) < 1):
+            s.errors.append(f"{name}={text!r}: give a whole number of at least 1")
+        elif text:
+            setattr(s, field, int(text))
+    if s.cpus is None and gpus and gpus_per_user:  # a fair share of the cores per server
+        s.cpus = max(1, (os.cpu_count() or 1) * gpus_per_user // len(gpus))
+    return s
+
+
+def _spawner(choice, errors):
+    if choice == "auto":
+        return "systemd" if Path("/run/systemd/system").is_dir() else "local"
+    if choice not in ("local", "systemd"):
+        errors.append(f"COURSE_SPAWNER={choice!r}: use 'auto' (default), 'local' or 'systemd'")
+    return choice
+
+
+def is_loopback(url):
+    host = urlparse(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def refusals(s):
+    """Everything that must be fixed before this hub may start: a list of sentences."""
+    problems = list(s.errors)
+    if s.mode == "trial":
+        return problems + _trial_refusals(s)
+    if s.mode == "class":
+        problems += _class_refusals(s)
+    return problems
+
+
+def _trial_refusals(s):
+    problems = []
+    if not is_loopback(s.bind_url):
+        problems.append(f"trial mode listens on loopback only, not {s.bind_url}: every user's "
+                        "server runs as one Unix user, so users can read each other's files, "
+                        "tokens and kernels. Use COURSE_HUB_MODE=class to serve a class")
+    if os.geteuid() == 0:
+        problems.append("trial mode refuses to run as root: its servers run as the hub's own "
+                        "user, so every user would be root. Start it as an ordinary user, or "
+                        "use COURSE_HUB_MODE=class, which runs each student as their own user")
+    return problems
+
+
+def _class_refusals(s):
+    if os.geteuid() != 0:
+        return ["class mode needs root: PAM reads /etc/shadow, and each server is started "
+                "as its student's Unix user (root is dropped before the server runs)"]
+    problems = _group_refusals(s) + _state_refusals(s)
+    if not is_loopback(s.bind_url) and not (s.ssl_cert and s.ssl_key):
+        problems.append(f"{s.bind_url} is not loopback: set COURSE_HUB_SSL_CERT and "
+                        "COURSE_HUB_SSL_KEY (passwords must not cross the network in clear), "
+                        "or keep the hub on 127.0.0.1 behind an HTTPS reverse proxy")
+    if s.spawner == "systemd" and not Path("/run/systemd/system").is_dir():
+        problems.append("COURSE_SPAWNER=systemd, but systemd is not running on this node")
+    if ASSIGNMENTS.exists() and stat.S_IMODE(os.stat(ASSIGNMENTS).st_mode) & 0o007:
+        problems.append(f"{ASSIGNMENTS} (solutions, hidden tests, submissions) is open to "
+                        f"every user: chmod -R go-rwx {ASSIGNMENTS}")
+    return problems + _python_refusals(s)
+
+
+def group_members(name):
+    """Users in the Unix group name: listed members, and those whose primary group it is."""
+    group = grp.getgrnam(name)
+    primary = [p.pw_name for p in pwd.getpwall() if p.pw_gid == group.gr_gid]
+    return sorted(set(group.gr_mem) | set(primary))
+
+
+def _group_refusals(s):
+    problems = []
+    for name in (s.student_group, s.instructor_group):
+        try:
+            grp.getgrnam(name)
+        except KeyError:
+            problems.append(f"the Unix group {name!r} does not exist: create it (groupadd "
+                            f"{name}) and add the class's accounts (usermod -aG {name} USER)")
+    if not problems and not (s.admin_users or group_members(s.instructor_group)):
+        problems.append(f"no admin: add an instructor to the group {s.instructor_group!r} or "
+                        "name one in COURSE_ADMIN_USERS (an admin stops servers that hold "
+                        "GPUs, from the hub's admin page)")
+    return problems
+
+
+def _state_refusals(s):
+    if s.state_dir.is_relative_to(ROOT):
+        return [f"COURSE_HUB_STATE={s.state_dir} is inside the repository: the cookie secret "
+                "and the database must live elsewhere (default /srv/course-hub)"]
+    if s.state_dir.exists() and s.state_dir.stat().st_uid != os.geteuid():
+        return [f"{s.state_dir} (the hub's secrets) belongs to another user: use a folder of "
+                "the hub's own"]
+    return []
+
+
+def _python_refusals(s):
+    """Students must be able to run the course's Python and import the labs."""
+    try:
+        gid = grp.getgrnam(s.student_group).gr_gid
+    except KeyError:
+        return []  # already reported
+    try:
+        run = subprocess.run([sys.executable, "-c", "import jupyterhub, labsupport"],
+                             user=NOBODY, group=gid, extra_groups=[], capture_output=True,
+                             text=True, cwd="/", timeout=120,
+                             env={k: v for k, v in os.environ.items() if k == "PYTHONPATH"})
+        error = run.stderr.strip()[-300:] if run.returncode else ""
+    except OSError as e:
+        error = str(e)
+    if error:
+        return [f"a student cannot run the course's Python {sys.executable} with labsupport "
+                f"(tried as uid {NOBODY} in group {s.student_group}): {error}. Install the "
+                "environment where every student can read it (each folder on the way needs "
+                "o+x; not under /root)"]
+    return []
+
+
+def prepare_state(s):
+    """The state folder (0700) and its files: the database made 0600 before first use."""
+    s.state_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(s.state_dir, 0o700)
+    database = s.state_dir / "jupyterhub.sqlite"
+    database.touch(mode=0o600, exist_ok=True)
+    os.chmod(database, 0o600)
+    return database
+
+
+def check(s):
+    """Raise SystemExit listing every refusal; JupyterHub then exits before serving."""
+    problems = refusals(s)
+    if problems:
+        raise SystemExit(f"The course hub will not start (COURSE_HUB_MODE={s.mode}):\n"
+                         + "\n".join(f"  - {p}" for p in problems))
