@@ -104,7 +104,7 @@ def test_a_deadlock_ends_at_the_deadline_then_the_next_check_passes():
     assert time.monotonic() - t0 < SHORT + 15
     assert text.startswith("load_on_tp_ranks did not finish within 3 s on 4 ranks"), text
     assert "rank 1 waited 3 s in dist.broadcast, which every rank of its group" in text
-    assert "line 5, in load_tp_shard" in text         # where the stuck ranks were
+    assert "line 5, in load_tp_shard" in text   # where they were: the cell's broadcast
     gr.check_column(answer())
 
 
