@@ -26,7 +26,7 @@ from torch import nn
 
 from labsupport.ring_attention import timed
 
-# --- lesson: MoE and expert parallelism (the notebook's copy must match) ---
+# --- lesson: notebooks/09_expert_parallel.ipynb (the notebook's copy must match) ---
 
 
 def route(logits, top_k):

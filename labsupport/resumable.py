@@ -41,7 +41,7 @@ from labsupport.sharded_checkpoint import (latest_checkpoint, load_resharded, re
                                            zero3_restore, zero3_wanted)
 
 
-# --- lesson: the chapter's resumable training (tagged resume-lesson) ---
+# --- lesson: notebooks/10_checkpoints_and_failures.ipynb (the notebook's copy must match) ---
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """One training run: the shared decoder's sizes, its data, AdamW."""

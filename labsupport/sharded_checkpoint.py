@@ -31,7 +31,7 @@ class IncompleteCheckpoint(ValueError):
     """A checkpoint directory that was not completely written (or was damaged since)."""
 
 
-# --- lesson: the chapter's sharded checkpoint (tagged checkpoint-lesson) ---
+# --- lesson: notebooks/10_checkpoints_and_failures.ipynb (the notebook's copy must match) ---
 def save_sharded(directory, pieces, extra=None, layout=None):
     """Every rank writes its own pieces; rank 0 the metadata, then renames.
 

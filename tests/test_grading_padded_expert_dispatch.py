@@ -2,24 +2,62 @@
 """Assignment 7 (the capacity-padded expert-parallel dispatch): its checks, then nbgrader.
 
 Layer 1 (unit): labsupport.grading.padded_expert_dispatch's checks pass the
-padded dispatch and fail each plausible wrong one with the message that
-tells the student what to fix (chapter 9's variable splits and an all-gather
-are right but send the wrong bytes; a dropping rule by gate; detached gates;
-a deadlock ends at the deadline; an untouched stub). Layer 4 (slow):
-`nbgrader generate_assignment`, `autograde` and `export` on the assignment
-with five submissions whose scores per test cell are known.
+reference (the source notebook's, ``sources.reference``) and fail each
+plausible wrong answer with the message that tells the student what to fix:
+chapter 9's variable splits and an all-gather (in
+grading_padded_expert_dispatch_cases.py) are right but send the wrong bytes;
+a dropping rule by gate, detached gates and a deadlock are edits of the
+reference; the untouched stub says where to write. Layer 4 (slow): `nbgrader
+generate_assignment`, `autograde` and `export` on the assignment with five
+submissions whose scores per test cell are known.
 """
 import inspect
+import re
 import time
 
 import pytest
 
-import grading_padded_dispatch_cases as cases
+import grading_padded_expert_dispatch_cases as cases
 import labsupport.grading.padded_expert_dispatch as gp
-from nbgrader_run import assert_cell_scores, assert_exported_totals, autograde
+import sources
+from nbgrader_run import (assert_cell_scores, assert_exported_totals, assert_release_only,
+                          autograde)
 
 ASSIGNMENT = "padded_expert_dispatch"
+SOLUTION = "padded_moe"  # grade_id of the solution cell
 SHORT = 3.0   # s, deadline of the unit test that deadlocks on purpose
+
+# Wrong answers that differ from the reference in one thing, as edits of its cell.
+SLOTS = ("    before = F.one_hot(wanted, num_experts).cumsum(dim=0) - 1   # rows before\n"
+         "    slot = before.gather(1, wanted.unsqueeze(1)).squeeze(1)     # j of e\n")
+WRONG = {
+    "drop_by_prob": ((SLOTS, (  # each expert keeps its rows of largest gate
+        "    order = torch.argsort(-gates.flatten().detach(), stable=True)\n"
+        "    before = F.one_hot(wanted[order], num_experts).cumsum(dim=0) - 1\n"
+        "    slot = torch.empty_like(order).scatter_(\n"
+        "        0, order, before.gather(1, wanted[order].unsqueeze(1)).squeeze(1))\n")),),
+    "detached_gates": (("moe.route(router(x), top_k)",  # the router gets no gradient
+                        "moe.route(router(x).detach(), top_k)"),),
+    "deadlock": (("    ### BEGIN SOLUTION\n",  # only rank 0 dispatches: it waits forever
+                  "    ### BEGIN SOLUTION\n    if dist.get_rank() != 0:\n"
+                  "        return torch.zeros_like(x)\n"),),
+}
+
+
+def edit(name):
+    return sources.replaced(*WRONG[name])
+
+
+def untouched(source):
+    """The solution cell as the release gives it."""
+    return re.sub(r"### BEGIN SOLUTION.*### END SOLUTION", "raise NotImplementedError()",
+                  source, flags=re.S)
+
+
+ref = sources.reference(ASSIGNMENT).padded_moe
+ANSWERS = {name: sources.reference(ASSIGNMENT, {SOLUTION: edit(name)}, name).padded_moe
+           for name in WRONG}
+STUB = sources.reference(ASSIGNMENT, {SOLUTION: untouched}, "untouched").padded_moe
 
 
 def fails(check, fn, **kwargs) -> str:
@@ -30,9 +68,9 @@ def fails(check, fn, **kwargs) -> str:
 
 # -- layer 1: the checks ----------------------------------------------------------------
 
-def test_the_padded_dispatch_passes_every_check():
+def test_the_reference_passes_every_check():
     for check in (gp.check_forward, gp.check_drops, gp.check_backward, gp.check_padded_traffic):
-        check(cases.padded)
+        check(ref)
 
 
 def test_chapter_9s_variable_splits_are_right_but_not_padded():
@@ -50,29 +88,29 @@ def test_gathering_every_token_is_right_but_sends_too_much():
 
 
 def test_a_dropping_rule_by_gate_fails_the_drops_only():
-    gp.check_forward(cases.drop_by_prob, world_sizes=(2,))
-    text = fails(gp.check_drops, cases.drop_by_prob, world_sizes=(2,))
+    gp.check_forward(ANSWERS["drop_by_prob"], world_sizes=(2,))
+    text = fails(gp.check_drops, ANSWERS["drop_by_prob"], world_sizes=(2,))
     assert "the first in token order" not in text and "whatever their gates" in text
 
 
 def test_detached_gates_leave_the_router_without_a_gradient():
-    gp.check_forward(cases.detached_gates, world_sizes=(2,))
-    text = fails(gp.check_backward, cases.detached_gates, world_sizes=(2,))
+    gp.check_forward(ANSWERS["detached_gates"], world_sizes=(2,))
+    text = fails(gp.check_backward, ANSWERS["detached_gates"], world_sizes=(2,))
     assert "router.weight.grad is None after backward" in text
     assert "without detaching it" in text
 
 
 def test_a_deadlock_ends_at_the_deadline_then_the_next_check_passes():
     t0 = time.monotonic()
-    text = fails(gp.check_forward, cases.deadlock, world_sizes=(2,), timeout=SHORT)
+    text = fails(gp.check_forward, ANSWERS["deadlock"], world_sizes=(2,), timeout=SHORT)
     assert time.monotonic() - t0 < SHORT + 10
-    assert "deadlock did not finish within 3 s on 2 ranks" in text
-    gp.check_forward(cases.padded, world_sizes=(2,))
+    assert "padded_moe did not finish within 3 s on 2 ranks" in text
+    gp.check_forward(ref, world_sizes=(2,))
 
 
 def test_an_unwritten_solution_says_where_to_write():
-    text = fails(gp.check_forward, cases.not_written, world_sizes=(2,))
-    assert text.startswith("not_written failed on 2 ranks")
+    text = fails(gp.check_forward, STUB, world_sizes=(2,))
+    assert text.startswith("padded_moe failed on 2 ranks")
     assert text.endswith("Write your solution in place of `raise NotImplementedError()`.")
 
 
@@ -86,17 +124,12 @@ def test_something_else_than_a_function_is_refused():
 def pasted(fn) -> str:
     """The case's source under the assignment's function name."""
     source = inspect.getsource(fn)
-    return source.replace(f"def {fn.__name__}(", "def padded_moe(", 1)
+    return source.replace(f"def {fn.__name__}(", f"def {SOLUTION}(", 1)
 
 
-SOLUTION = "padded_moe"  # grade_id of the solution cell
-EARLY_RETURN = ("    ### BEGIN SOLUTION\n    if dist.get_rank() != 0:      # only rank 0 "
-                "dispatches\n        return torch.zeros_like(x)\n")
 SUBMISSIONS = {"reference": {}, "untouched": None,
                "variable_splits": {SOLUTION: pasted(cases.variable_splits)},
-               "drop_by_prob": {SOLUTION: pasted(cases.drop_by_prob)},
-               "deadlock": {SOLUTION: lambda src: src.replace("    ### BEGIN SOLUTION\n",
-                                                              EARLY_RETURN, 1)}}
+               **{name: {SOLUTION: edit(name)} for name in ("drop_by_prob", "deadlock")}}
 CELLS = {"test_forward": 3, "test_drops": 2, "test_backward": 3, "test_padded_traffic": 2}
 FAILED = {  # submission -> the test cells that score zero, and what their message says
     "reference": {},
@@ -114,8 +147,8 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 def test_the_student_version_has_a_stub_and_no_solution(graded):
-    release = graded["release"].read_text()
-    assert "### BEGIN SOLUTION" not in release and "index_copy" not in release
+    release = assert_release_only(graded)
+    assert "index_copy" not in release
     assert release.count("raise NotImplementedError()") == 1
 
 

@@ -12,8 +12,6 @@ Function's results bit for bit, and the forward's bytes on the wire are the
 formula's. And the notebook's copy of the code is the package's, character
 for character.
 """
-from pathlib import Path
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -21,9 +19,8 @@ import torch.nn.functional as F
 
 import labsupport as ls
 from labsupport import memory_calc, models, moe, traffic
-from nbtools import definitions, notebook_lesson, package_lesson
+from nbtools import assert_lesson_copy
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "09_expert_parallel.ipynb"
 H, FFN, T = 8, 16, 10          # hidden, expert width, tokens per rank
 
 
@@ -215,8 +212,4 @@ def test_experts_must_split_evenly(cluster):
 # -- the notebook's copy of the lesson is the package's ---------------------------
 
 def test_the_notebook_shows_every_definition_of_the_package_character_for_character():
-    mine = definitions(package_lesson(moe))
-    shown = definitions(notebook_lesson(NOTEBOOK, "moe-lesson"))
-    assert set(shown) == set(mine)
-    for name, source in mine.items():
-        assert shown[name] == source, f"{name} differs between the notebook and labsupport/moe.py"
+    assert_lesson_copy(moe)
