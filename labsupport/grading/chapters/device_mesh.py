@@ -20,8 +20,9 @@ SHAPES = [(2, 2), (4, 2), (2, 4), (2, 2, 2), (3, 1, 2), (2, 2, 2, 2), (2, 3, 2)]
 
 def mesh_groups(shape, axis):
     """The groups along ``axis`` of ranks numbered row-major over ``shape``,
-    as DeviceMesh makes them (torch/distributed/device_mesh.py: the mesh
-    tensor with ``axis`` swapped last, one group per row), sorted."""
+    sorted: the sets DeviceMesh makes (torch 2.13, torch/distributed/
+    device_mesh.py: row-major strides, ``_MeshLayout.from_sizes_strides``),
+    here the rows of the rank tensor with ``axis`` moved last."""
     ranks = torch.arange(int(torch.tensor(shape).prod())).reshape(shape)
     rows = ranks.transpose(axis, -1).reshape(-1, shape[axis]).tolist()
     return sorted(sorted(row) for row in rows)
