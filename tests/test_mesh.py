@@ -1,28 +1,34 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_mesh.py
-"""labsupport.mesh, chapter 8's (dp, tp) grid, through the launcher at 4 ranks.
+"""labsupport.mesh, chapter 8's lesson, through the launcher at 4 and 8 ranks.
 
 The hand-made grid and the DeviceMesh + FSDP2 version against one process
 training on the full batch (parameters after K SGD steps, fp32); the groups
 each rank's collectives use; the bytes per group against the formula; the
-your-turn checks with right and wrong answers; the notebook's copy of the
-lesson being the package's, character for character.
+groups of any mesh axis against Megatron Core's documented example and
+DeviceMesh's own groups; the planner's context-parallel bytes against ring
+attention's sends; the notebook's copy of the lesson being the package's,
+character for character, and its solution cells collapsed.
 """
 import sys
 
 import cloudpickle
+import nbformat
 import pytest
 import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport import memory, mesh, models
-from nbtools import assert_lesson_copy
+from labsupport import calls, memory, memory_calc, mesh, models, planner, ring_attention, traffic
+from labsupport.grading.chapters import device_mesh as checks
+from labsupport.tp_gpt import TensorParallelGPT
+from nbtools import NOTEBOOK_DIR, assert_lesson_copy
 
 CFG = models.GPTConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2)
 BATCH, STEPS, LR, DP, TP = 4, 3, 0.05, 2, 2
 BATCHES = [models.toy_tokens(BATCH, CFG.seq_len, CFG.vocab_size, seed=1 + k)
            for k in range(STEPS)]
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32: the same sums in another order
+NOTEBOOK = NOTEBOOK_DIR / "08_device_mesh.ipynb"
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
@@ -39,9 +45,16 @@ def grid_run(cluster):
 
 
 def _grid():
-    params, log = mesh.train_grid(CFG, BATCHES, LR, DP, TP, log=True)
-    local = sum(p.numel() * p.element_size() for p in params.values())  # tied: once
-    return params, log, local
+    """K hybrid steps on the hand-made grid: this rank's parameters, its recorded
+    calls and its parameter bytes (tied weights once)."""
+    tp_group, dp_group = mesh.grid_groups(DP, TP)
+    model = TensorParallelGPT(models.GPT(CFG, seed=0), tp_group)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    with calls.record() as log:
+        for ids, targets in BATCHES:
+            mesh.hybrid_step(model, opt, ids, targets, dp_group)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return params, log, sum(p.numel() * p.element_size() for p in params.values())
 
 
 def test_grid_coords_and_ranks():
@@ -50,13 +63,25 @@ def test_grid_coords_and_ranks():
     assert mesh.grid_ranks(2, 4)[1] == [[0, 4], [1, 5], [2, 6], [3, 7]]
 
 
+def test_axis_groups_are_megatrons_documented_groups_and_devicemeshs_rule():
+    # initialize_model_parallel's docstring (megatron/core/parallel_state.py):
+    # 16 GPUs, tp 2, pp 4, order tp-dp-pp -> shape (pp, dp, tp) = (4, 2, 2).
+    assert mesh.axis_groups((4, 2, 2), 0) == [[0, 4, 8, 12], [1, 5, 9, 13],
+                                               [2, 6, 10, 14], [3, 7, 11, 15]]
+    assert mesh.axis_groups((4, 2, 2), 1)[:4] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert mesh.axis_groups((4, 2, 2), 2)[:3] == [[0, 1], [2, 3], [4, 5]]
+    for shape in checks.SHAPES + [(3, 2, 1, 2), (5,)]:
+        for axis in range(len(shape)):
+            assert mesh.axis_groups(shape, axis) == checks.mesh_groups(shape, axis)
+    assert mesh.axis_groups((2, 2), 0) == mesh.grid_ranks(2, 2)[1]
+
+
 def test_hand_made_grid_equals_one_process(grid_run):
-    ref = mesh.reference_params(CFG, BATCHES, LR)
+    ref = checks.reference_params(CFG, BATCHES, LR)
     for rank, (params, _, _) in enumerate(grid_run):
-        shapes = {n: p.shape for n, p in params.items()}
         _, tp_rank = mesh.grid_coords(rank, TP)
         for name, got in params.items():
-            want = _slice(ref[name], shapes[name], tp_rank)
+            want = _slice(ref[name], got.shape, tp_rank)
             torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"{name}: {m}")
 
 
@@ -68,7 +93,7 @@ def _slice(full, shape, tp_rank):
 
 
 def test_device_mesh_and_fsdp2_equal_one_process(cluster):
-    ref = mesh.reference_params(CFG, BATCHES, LR)
+    ref = checks.reference_params(CFG, BATCHES, LR)
     for params in cluster.run(mesh.train_device_mesh, CFG, BATCHES, LR, DP, TP):
         assert set(params) == set(ref)
         for name, got in params.items():
@@ -86,21 +111,12 @@ def test_each_rank_talks_only_to_its_row_and_column(grid_run):
 def test_bytes_per_group_match_the_formula(grid_run):
     b, s, h, v = BATCH // DP, CFG.seq_len, CFG.hidden, CFG.vocab_size
     tp_bytes = ((4 * CFG.layers + 2) * b * s * h + b * s * v) * 4   # fp32
+    rows, columns = mesh.grid_ranks(DP, TP)
     for rank, (params, log, local) in enumerate(grid_run):
         dp_rank, tp_rank = mesh.grid_coords(rank, TP)
         by_group = log.bytes_by_group()
-        row, column = mesh.grid_ranks(DP, TP)[0][dp_rank], mesh.grid_ranks(DP, TP)[1][tp_rank]
-        assert by_group[tuple(row)] == STEPS * tp_bytes
-        assert by_group[tuple(column)] == STEPS * local
-
-
-def test_cube_ranks_one_group_per_axis_through_each_rank():
-    groups = mesh.cube_ranks(2, 2, 2)
-    assert groups == {"dp": [[0, 4], [1, 5], [2, 6], [3, 7]],
-                      "pp": [[0, 2], [1, 3], [4, 6], [5, 7]],
-                      "tp": [[0, 1], [2, 3], [4, 5], [6, 7]]}
-    assert mesh.cube_ranks(2, 1, 2) == {"dp": [[0, 2], [1, 3]], "pp": [[0], [1], [2], [3]],
-                                        "tp": [[0, 1], [2, 3]]}
+        assert by_group[tuple(rows[dp_rank])] == STEPS * tp_bytes
+        assert by_group[tuple(columns[tp_rank])] == STEPS * local
 
 
 def test_a_wrong_grid_size_says_how_many_ranks(cluster):
@@ -108,51 +124,49 @@ def test_a_wrong_grid_size_says_how_many_ranks(cluster):
         cluster.run(mesh.grid_groups, 3, 2)
 
 
-def test_memory_module_counts_the_same_local_bytes(cluster):
+def test_memory_module_counts_the_same_local_bytes(cluster, grid_run):
     def local_bytes():
         tp_group, _ = mesh.grid_groups(DP, TP)
-        from labsupport.tp_gpt import TensorParallelGPT
         return memory.storage_bytes(TensorParallelGPT(models.GPT(CFG, seed=0),
                                                       tp_group).parameters())
-    for got, (_, _, local) in zip(cluster.run(local_bytes), cluster.run(_grid)):
+    for got, (_, _, local) in zip(cluster.run(local_bytes), grid_run):
         assert got == local
 
 
-# -- the your-turn checks, right and wrong ---------------------------------------------
-
-def test_coords_check_passes_the_solution_and_names_a_swapped_answer():
-    mesh.check_grid_coords(mesh.grid_coords)
-    with pytest.raises(AssertionError, match=r"rank 1 -> \(1, 0\), expected .* \(0, 1\)"):
-        mesh.check_grid_coords(lambda rank, tp: (rank % tp, rank // tp))
-
-
-def _world_average(model, dp_group):
-    for p in model.parameters():
-        dist.all_reduce(p.grad)
-        p.grad /= dist.get_world_size()
+def _ring_attention_sends(chunk, hidden, heads):
+    g = torch.Generator().manual_seed(dist.get_rank())
+    q, k, v = (torch.randn(1, heads, chunk, hidden // heads, generator=g, requires_grad=True)
+               for _ in range(3))
+    with traffic.count() as sent:
+        ring_attention.ring_attention(q, k, v, causal=True).sum().backward()
+    return sent.sent
 
 
-def _sum_only(model, dp_group):
-    for p in model.parameters():
-        dist.all_reduce(p.grad, group=dp_group)
+def test_the_planners_context_parallel_bytes_are_ring_attentions(cluster):
+    # chapter 6: K, V forward cp-1 times, K, V, dK, dV backward cp-1 times, dK, dV home
+    cp, seq, hidden = DP * TP, 32, 16
+    job = planner.Job(memory_calc.Model(0, 1, hidden, 4, 64), seq, 1, precision="fp32")
+    want = planner.traffic(job, planner.Layout(1, 1, 1, cp=cp))["cp"]
+    assert want == (6 * (cp - 1) + 2) * seq // cp * hidden * 4
+    assert cluster.run(_ring_attention_sends, seq // cp, hidden, 4) == [want] * cp
 
 
-def test_average_check_passes_the_solution(cluster):
-    cluster.run(mesh.check_average_grads, mesh.average_grads)
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (_world_average, "averaged over the whole world"),
-    (_sum_only, "summed but not divided")])
-def test_average_check_names_the_mistake(cluster, wrong, message):
-    with pytest.raises(ls.RankError, match=message):
-        cluster.run(mesh.check_average_grads, wrong)
-
-
-# -- the notebook's copy of the lesson is the package's ---------------------------
+# -- the notebook ------------------------------------------------------------------
 
 def test_the_notebook_copy_is_the_package_code():
     assert_lesson_copy(mesh)
+
+
+def test_solutions_and_answers_are_collapsed_in_jupyterlab():
+    cells = nbformat.read(NOTEBOOK, as_version=4).cells
+    hidden = [c for c in cells if {"solution", "hide-cell"} & set(c.metadata.get("tags", []))]
+    assert len(hidden) == 4
+    for cell in hidden:
+        assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, cell.source[:60]
+    stubs = [c for c in cells if "your-turn" in c.metadata.get("tags", [])]
+    assert [c.source.split("(")[0] for c in stubs] == ["def axis_groups", "def average_grads"]
+    shown = "\n".join(c.source for c in cells if c not in hidden and c not in stubs)
+    assert "def axis_groups" not in shown and "def average_grads" not in shown
 
 
 # -- last: 8 ranks, a new group of processes (the 4-rank cluster above ends) ----------
@@ -163,10 +177,16 @@ def _mlp_data():
             for _ in range(STEPS)]
 
 
+def _device_mesh_groups(shape):
+    from torch.distributed.device_mesh import init_device_mesh
+    grid = init_device_mesh("cpu", shape)
+    return [dist.get_process_group_ranks(grid.get_group(d)) for d in range(len(shape))]
+
+
 @pytest.mark.parametrize("dp, pp, tp", [(1, 2, 2), (2, 2, 2)])
 def test_the_3d_step_equals_one_process(dp, pp, tp):
     batches = _mlp_data()
-    ref = mesh.reference_3d(pp, 8, batches, LR)
+    ref = checks.reference_3d(pp, 8, batches, LR)
     split = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1}
     runs = ls.run(mesh.train_3d, dp, pp, tp, 8, batches, LR, world_size=dp * pp * tp)
     for rank, params in enumerate(runs):
@@ -175,3 +195,8 @@ def test_the_3d_step_equals_one_process(dp, pp, tp):
             want = ref[stage][name]
             want = want.chunk(tp, split[name])[tp_rank] if name in split else want
             torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"rank {rank} {name}: {m}")
+    # DeviceMesh's groups of the same shape are axis_groups' (every rank in one per axis)
+    for rank, groups in enumerate(ls.run(_device_mesh_groups, (dp, pp, tp),
+                                         world_size=dp * pp * tp)):
+        for axis, ranks in enumerate(groups):
+            assert ranks in mesh.axis_groups((dp, pp, tp), axis) and rank in ranks

@@ -1,52 +1,179 @@
 # Run: .venv/bin/python -m pytest tests/test_planner.py
-"""labsupport.planner: the layouts, memory from chapter 0's calculator, traffic, placement."""
+"""labsupport.planner: layouts, memory from chapter 0's calculator, bytes, placement in
+Megatron Core's order, step time with the overlap conditions, MFU, experts.
+
+(The context-parallel bytes against ring attention's own sends: tests/test_mesh.py.)
+"""
+import math
+
 import pytest
 
-from labsupport import memory_calc, planner
+from labsupport import memory, memory_calc, overlap, planner
+from labsupport.planner import Job, Layout
 
 M = memory_calc.PRESETS["7B"]
-KW = dict(seq=4096, global_batch=512, devices=64, device_bytes=80e9, gpus_per_node=8,
-          intra_bw=450e9, inter_bw=50e9)
+JOB = Job(M, seq=4096, global_batch=512)
+H100 = overlap.HARDWARE["H100"]
+MIXTRAL, MIXTRAL_EXPERTS = planner.MOE_PRESETS["Mixtral 8x7B"]
 
 
 def test_layouts_multiply_to_the_device_count():
     rows = planner.layouts(8)
-    assert all(dp * tp * pp * cp == 8 for dp, tp, pp, cp in rows)
+    assert all(dp * tp * pp * cp == 8 and ep == 1 for dp, tp, pp, cp, ep in rows)
     assert len(rows) == len(set(rows)) == 20   # 8 = 2^3 into 4 ordered factors: C(6, 3)
+    moe = planner.layouts(8, MIXTRAL_EXPERTS)
+    assert all((dp * cp) % ep == 0 and 8 % ep == 0 for dp, tp, pp, cp, ep in moe)
+    assert Layout(8, 1, 1, 1, 8) in moe and Layout(1, 8, 1, 1, 2) not in moe
 
 
 def test_memory_is_the_calculators_for_a_single_dimension():
     want = memory_calc.training_memory(M, 4096, 1, "mixed", "selective", n=8,
                                        parallelism="tp+sp")
-    got = planner.device_memory(M, 4096, 1, tp=8, pp=1, cp=1, precision="mixed",
-                                checkpointing="selective")
-    assert got == pytest.approx(want)
-    dp_only = planner.device_memory(M, 4096, 1, 1, 1, 1, "mixed", "none")
-    assert dp_only == pytest.approx(memory_calc.training_memory(M, 4096, 1, "mixed", "none"))
+    assert planner.device_memory(JOB, Layout(1, 8, 1)) == pytest.approx(want)
+    plain = Job(M, 4096, 512, checkpointing="none")
+    assert planner.device_memory(plain, Layout(64, 1, 1)) == pytest.approx(
+        memory_calc.training_memory(M, 4096, 1, "mixed", "none"))
+
+
+def test_memory_is_plain_data_parallel_unless_a_zero_stage_is_named():
+    layout = Layout(dp=8, tp=1, pp=1, cp=2)
+    plain = planner.device_memory(JOB, layout)
+    zero1 = planner.device_memory(Job(M, 4096, 512, zero=1), layout)
+    assert plain["optimizer"] == pytest.approx(12 * M.psi)
+    assert zero1["optimizer"] == pytest.approx(12 * M.psi / 16)   # over dp x cp
+    assert zero1["params"] == plain["params"] and zero1["grads"] == plain["grads"]
+    with pytest.raises(ValueError, match="ZeRO-3"):
+        Job(M, 4096, 512, zero=3)
 
 
 def test_traffic_zero_on_size_one_dimensions_and_the_dp_all_reduce():
-    sent = planner.traffic(M, 4096, 512, 1, (64, 1, 1, 1), "mixed")
-    assert sent["tp"] == sent["pp"] == sent["cp"] == 0
+    sent = planner.traffic(JOB, Layout(64, 1, 1))
+    assert sent["tp"] == sent["pp"] == sent["cp"] == sent["ep"] == 0
     assert sent["dp"] == pytest.approx(2 * 63 / 64 * 2 * M.psi)
 
 
-def test_tensor_parallelism_across_nodes_is_flagged_and_everything_fits():
-    rows = planner.plan(M, **KW)
-    assert rows and all(r["memory"]["total"] <= KW["device_bytes"] for r in rows)
-    assert {r["tp_across_nodes"] for r in rows} == {True, False}
-    assert all(r["tp_across_nodes"] == (r["layout"][1] > 8) for r in rows)
-    assert [r["comm_s"] for r in rows] == sorted(r["comm_s"] for r in rows)
+def test_gradients_are_reduced_over_the_dp_and_cp_ranks():
+    sent = planner.traffic(JOB, Layout(dp=4, tp=1, pp=1, cp=2))
+    assert sent["dp"] == pytest.approx(2 * overlap.ring(8) * 2 * M.psi)
 
 
-def test_nothing_fits_in_a_tiny_device_and_bad_input_is_refused():
-    assert planner.plan(M, **(KW | dict(device_bytes=1e6))) == []
-    with pytest.raises(ValueError, match="must be >= 1"):
-        planner.plan(M, **(KW | dict(devices=0)))
+def test_context_parallel_bytes_are_six_cp_minus_one_plus_two_chunks():
+    for cp in (2, 4, 8):
+        sent = planner.traffic(JOB, Layout(dp=64 // cp, tp=1, pp=1, cp=cp))
+        chunk = 1 * 4096 // cp * M.hidden * 2            # K (or V) of the local chunk
+        micro_batches = 512 // (64 // cp)
+        assert sent["cp"] == pytest.approx(micro_batches * M.layers * (6 * (cp - 1) + 2) * chunk)
 
 
-def test_seconds_are_each_axis_bytes_over_its_links_bandwidth():
-    row = next(r for r in planner.plan(M, **KW) if r["layout"] == (8, 8, 1, 1))
-    assert row["seconds"]["tp"] == pytest.approx(row["traffic"]["tp"] / KW["intra_bw"])
-    assert row["seconds"]["dp"] == pytest.approx(row["traffic"]["dp"] / KW["inter_bw"])
-    assert row["comm_s"] == pytest.approx(sum(row["seconds"].values()))
+def test_placement_follows_megatrons_order_tp_cp_ep_dp_pp():
+    assert planner.ORDER == ("tp", "cp", "ep", "dp", "pp")
+    inside = planner.placement(Layout(dp=2, tp=4, pp=4, cp=2), gpus_per_node=8)
+    assert inside == dict(tp=True, cp=True, ep=True, dp=False, pp=False)
+    inside = planner.placement(Layout(dp=8, tp=1, pp=2, cp=1, ep=8), gpus_per_node=8)
+    assert inside["ep"] and inside["dp"] and not inside["pp"]
+    assert not planner.placement(Layout(1, 16, 1), 8)["tp"]
+
+
+def test_every_planned_layout_fits_and_the_fastest_step_comes_first():
+    rows = planner.plan(JOB, 64, H100, 80e9)
+    assert rows and all(r["memory"]["total"] <= 80e9 for r in rows)
+    assert [r["step_s"] for r in rows] == sorted(r["step_s"] for r in rows)
+    assert {r["inside"]["tp"] for r in rows} == {True, False}
+    assert planner.plan(JOB, 64, H100, 1e6) == []
+    with pytest.raises(ValueError, match="must be > 0"):
+        planner.plan(JOB, 0, H100, 80e9)
+
+
+def test_the_attention_flops_are_decoder_flops_and_the_rest_six_psi_t():
+    tokens = 512 * 4096
+    attention = (overlap.decoder_flops(tokens, 4096, M.layers, M.hidden, M.vocab)
+                 - overlap.decoder_flops(tokens, 0, M.layers, M.hidden, M.vocab))
+    assert planner.step_flops(JOB) == pytest.approx(6 * M.psi * tokens + attention)
+
+
+def test_step_time_is_compute_bubble_and_the_communication_not_hidden():
+    layout = Layout(dp=4, tp=8, pp=2)
+    r = planner.step_time(JOB, layout, H100)
+    m = 512 // 4
+    assert r["compute_s"] == pytest.approx(planner.step_flops(JOB) / (64 * H100.flops))
+    assert r["bubble_s"] == pytest.approx(r["compute_s"] / m)
+    sent = planner.traffic(JOB, layout)
+    assert r["comm_s"]["tp"] == pytest.approx(sent["tp"] / H100.intra_bw)
+    assert r["comm_s"]["dp"] == pytest.approx(sent["dp"] / H100.inter_bw)
+    assert r["exposed_s"]["tp"] == r["comm_s"]["tp"]              # on the critical path
+    last_backward = r["compute_s"] * 2 / 3 / m
+    assert r["exposed_s"]["dp"] == pytest.approx(max(0, r["comm_s"]["dp"] - last_backward))
+    assert r["step_s"] == pytest.approx(r["compute_s"] + r["bubble_s"]
+                                        + sum(r["exposed_s"].values()))
+    assert r["mfu"] == pytest.approx(planner.step_flops(JOB) / (64 * H100.flops * r["step_s"]))
+    bare = planner.step_time(JOB, layout, H100, overlapped=())
+    assert bare["exposed_s"] == bare["comm_s"] and bare["step_s"] > r["step_s"]
+    with pytest.raises(ValueError, match="the dimensions are"):
+        planner.step_time(JOB, layout, H100, overlapped=("zero",))
+
+
+def test_latency_per_call_by_group_size():
+    layout = Layout(dp=4, tp=2, pp=1)
+    calls = planner.calls(JOB, layout, dp_buckets=10)
+    assert calls["dp"] == 10 and calls["tp"] == 128 * (8 * M.layers + 2)
+    r0 = planner.step_time(JOB, layout, H100, overlapped=())
+    r1 = planner.step_time(JOB, layout, H100, overlapped=(), dp_buckets=10,
+                           alpha=lambda n: 1e-3 * n)
+    assert r1["comm_s"]["dp"] - r0["comm_s"]["dp"] == pytest.approx(10 * 4e-3)
+    assert r1["comm_s"]["tp"] - r0["comm_s"]["tp"] == pytest.approx(calls["tp"] * 2e-3)
+
+
+def test_experts_split_over_ep_and_the_e_over_k_penalty():
+    job = Job(MIXTRAL, 4096, 1024, experts=MIXTRAL_EXPERTS, zero=1)
+    dense_share = MIXTRAL.psi - MIXTRAL_EXPERTS.params
+    replicated = planner.traffic(job, Layout(dp=32, tp=1, pp=8, ep=1))
+    split = planner.traffic(job, Layout(dp=32, tp=1, pp=8, ep=8))
+    g = 2 / 8                                            # bf16 gradients, one stage of 8
+    assert replicated["dp"] == pytest.approx(2 * g * overlap.ring(32) * MIXTRAL.psi)
+    assert split["dp"] == pytest.approx(2 * g * (overlap.ring(32) * dense_share
+                                                 + overlap.ring(4) * MIXTRAL_EXPERTS.params / 8))
+    tokens = 4096 * 2                                    # T k rows per rank, 4 all-to-alls
+    assert split["ep"] == pytest.approx(32 * 4 * 4 * overlap.ring(8) * tokens * 4096 * 2)
+    # a token's FLOPs grow k-fold, the weights E-fold: the active parameters
+    active = MIXTRAL.psi - MIXTRAL_EXPERTS.params * (1 - 2 / 8)
+    assert planner.step_flops(job) == pytest.approx(
+        1024 * 4096 * (6 * active + 12 * 32 * 4096 * 4096))
+    states = planner.device_memory(job, Layout(dp=32, tp=1, pp=8, ep=8))
+    want = [memory.model_state_bytes(dense_share / 8, "mixed", 1, 32)["optimizer"],
+            memory.model_state_bytes(MIXTRAL_EXPERTS.params / 64, "mixed", 1, 4)["optimizer"]]
+    assert states["optimizer"] == pytest.approx(sum(want))
+
+
+def test_deepseek_v3s_layout_and_its_all_to_all():
+    # arXiv 2412.19437: 2048 H800s, PP 16, EP 64 over 8 nodes, ZeRO-1, no TP
+    model, experts = planner.MOE_PRESETS["DeepSeek-V3"]
+    assert experts.params == pytest.approx(654e9, rel=1e-3)    # chapter 9's count
+    layout = Layout(dp=128, tp=1, pp=16, cp=1, ep=64)
+    h800 = overlap.Hardware("H800", H100.flops, 160e9, 50e9, 8, "DeepSeek-V3, 3.2.2")
+    full = Job(model, 4096, 15360, experts=experts, zero=1, checkpointing="full")
+    assert planner.problem(full, layout) is None
+    assert planner.device_memory(full, layout)["total"] < 80e9
+    assert not planner.placement(layout, 8)["ep"]                # 64 ranks span 8 nodes
+    r = planner.step_time(full, layout, h800)
+    assert 1.5 < r["comm_s"]["ep"] / r["compute_s"] < 3        # 8 copies; 4 give ~1:1
+    assert layout in [row["layout"] for row in planner.plan(full, 2048, h800, 80e9)]
+
+
+def test_uneven_stages_take_the_fullest():
+    model, experts = planner.MOE_PRESETS["DeepSeek-V3"]
+    job = Job(model, 4096, 15360, experts=experts)
+    even = planner.step_time(job, Layout(128, 1, 1, 1, 1), H100)
+    uneven = planner.step_time(job, Layout(8, 1, 16, 1, 1), H100)
+    assert uneven["compute_s"] / even["compute_s"] == pytest.approx(
+        math.ceil(61 / 16) * 16 / 61)
+
+
+def test_bad_jobs_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match=">= 1"):
+        Job(M, 0, 512)
+    with pytest.raises(ValueError, match="precision"):
+        Job(M, 4096, 512, precision="fp8")
+    with pytest.raises(ValueError, match="top_k"):
+        planner.Experts(8, 9, 1e9, 1024, 4)
+    assert "does not divide" in planner.problem(JOB, Layout(1, 3, 1))
+    assert "sequences do not split" in planner.problem(JOB, Layout(1024, 1, 1))
