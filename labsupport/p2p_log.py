@@ -11,7 +11,10 @@ written (unbuffered, appended) before it starts and again when it ends, so
 the kernel can still say which message a stopped rank was waiting for,
 "rank 1 waited for rank 0's chunk 2" (``labsupport.grading.deadlock``). Calls are
 recorded where torch.distributed is called through its module
-(``dist.recv(...)``), the way ``labsupport.traffic`` counts bytes.
+(``dist.recv(...)``), the way ``labsupport.traffic`` counts bytes. Under
+``LABSUPPORT_P2P=strict`` (``labsupport.strict_p2p``) each operation's
+completion is logged too ("done"), so the kernel can tell which earlier
+operation a stopped rank's call was queued behind.
 """
 import contextlib
 import inspect
@@ -23,6 +26,7 @@ import time
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from labsupport import strict_p2p
 from labsupport._patch import current, patched
 
 P2P = ("send", "recv", "isend", "irecv")
@@ -84,15 +88,20 @@ class Recorder:
         """What the rank works on ('a tensor of 10 elements'), for the reports."""
         self.log(ev="note", text=text)
 
-    def new_call(self, op: str, peer=None, tensor=None) -> tuple[int, str]:
+    def new_call(self, op: str, peer=None, tensor=None, **extra) -> tuple[int, str]:
         """Log the start of a call; its id and what it moves ('chunk 2')."""
         self._next_id += 1
         if op in P2P and peer is not None:
             self.peers["send" if "send" in op else "recv"].add(peer)
         what = "" if tensor is None else describe_tensor(tensor, self.buffer,
                                                           dist.get_world_size())
-        self.log(ev="start", id=self._next_id, op=op, peer=peer, what=what)
+        self.log(ev="start", id=self._next_id, op=op, peer=peer, what=what, **extra)
         return self._next_id, what
+
+    def done_when(self, work, call_id: int):
+        """Log when a strict-mode request completes, waited for or not."""
+        if hasattr(work, "on_done"):  # a strict_p2p.StrictWork
+            work.on_done(lambda: self.log(ev="done", id=call_id))
 
     def unwaited(self) -> list[str]:
         """Descriptions of the isend/irecv requests never waited for, in call order."""
@@ -134,7 +143,7 @@ class Request:
 def record(path: str, buffer=None):
     """Record this rank's point-to-point and collective calls in the block to ``path``."""
     rec = Recorder(path, buffer)
-    rec.log(ev="begin")
+    rec.log(ev="begin", strict=strict_p2p.active())
     names = (*P2P, *COLLECTIVES, "batch_isend_irecv")
     try:
         with patched({name: _wrap(name, current(name), rec) for name in names}):
@@ -186,17 +195,19 @@ def _p2p(name, fn, signature, rec: Recorder, args, kwargs):
         rec.log(ev="end", id=call_id)
         return result
     rec.open[call_id] = call_text(name, what, peer)
+    rec.done_when(result, call_id)
     return Request(result, rec, call_id)
 
 
 def _batch(fn, rec: Recorder, args, kwargs):
     ops = args[0] if args else kwargs["p2p_op_list"]
     works = fn(*args, **kwargs)
-    requests = []
+    requests, first = [], rec._next_id + 1
     for op, work in zip(ops, works):
         name = getattr(op.op, "__name__", "isend")
-        call_id, what = rec.new_call(name, op.peer, op.tensor)
+        call_id, what = rec.new_call(name, op.peer, op.tensor, batch=first)
         rec.open[call_id] = "batched " + call_text(name, what, op.peer)
+        rec.done_when(work, call_id)
         requests.append(Request(work, rec, call_id))
     return requests
 
@@ -217,12 +228,19 @@ def rank_state(events: list[dict]) -> dict:
     """What a stopped rank was doing in its last recorded block: ``state`` is
     'blocked' (in ``call``, since ``since``), 'returned' or 'running' (Python
     code, no message awaited); ``unwaited``: its requests nobody waited for
-    (when it returned), or that it dropped without waiting (at any time)."""
+    (when it returned), or that it dropped without waiting (at any time);
+    ``behind``: under strict mode, the earlier operation, not yet complete,
+    that the blocked call was queued behind (else None), and ``queued``: the
+    later ones, which could not start before the blocked call completed."""
     started, pending, waited, dropped, exited, note = {}, {}, set(), set(), False, None
+    done, strict = set(), False
     for e in events:
         ev = e["ev"]
         if ev == "begin":
             started, pending, waited, dropped, exited = {}, {}, set(), set(), False
+            done, strict = set(), e.get("strict", False)
+        elif ev == "done":
+            done.add(e["id"])
         elif ev == "start":
             started[e["id"]] = e
             if e["op"] not in ("isend", "irecv"):  # those return at once; wait() blocks
@@ -242,8 +260,14 @@ def rank_state(events: list[dict]) -> dict:
                 if c["op"] in ("isend", "irecv") and i not in waited
                 and (exited or i in dropped)]
     state = dict(state="returned" if exited else "running", call=None, since=None,
-                 unwaited=unwaited, note=note)
+                 unwaited=unwaited, note=note, behind=None, queued=[])
     if pending and not exited:
         call_id = max(pending, key=pending.get)
         state.update(state="blocked", call=started[call_id], since=pending[call_id])
+        if strict:  # NCCL's order: nothing starts before the earlier calls complete
+            incomplete = [i for i, c in sorted(started.items()) if c["op"] in P2P
+                          and i not in done and (i not in waited or i in pending)]
+            earlier = [i for i in incomplete if i < call_id]
+            state.update(behind=started[earlier[0]] if earlier else None,
+                         queued=[started[i] for i in incomplete if i > call_id])
     return state
