@@ -25,7 +25,7 @@ _SUBMODULES = {"bench", "bubbles", "chapter_checks", "checkpointing", "ddp", "dd
                "diagrams", "doctor", "grading", "memory", "memory_calc", "mesh", "models",
                "pipeline", "pipeline_sim", "planner", "plots", "profiling", "ring",
                "ring_attention", "sharded_optimizer", "strict_p2p", "sweep", "tensor_parallel",
-               "timeline", "tp_gpt", "tp_probe", "traffic", "your_turn", "zero"}
+               "timeline", "timing", "tp_gpt", "tp_probe", "traffic", "your_turn", "zero"}
 
 
 def __getattr__(name):

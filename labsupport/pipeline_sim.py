@@ -36,6 +36,12 @@ class OrderRecorder:
     def backward(self, s, i):
         self.ops.append(("B", s, i))
 
+    def backward_input(self, s, i):  # the zero-bubble split (labsupport.zero_bubble):
+        self.backward(s, i)          # B sends dL/dx as a whole backward does,
+
+    def backward_weight(self, s, i):  # and W sends nothing
+        pass
+
 
 def orders(schedule, p: int, m: int, v: int = 1) -> list[list[tuple]]:
     """Each rank's calls, in order: ``[("F", stage, micro-batch), ("B", ...), ...]``."""
@@ -96,6 +102,48 @@ def ideal_events(schedule, p: int, m: int, v: int = 1, t_f: float = 1.0,
             raise RuntimeError("deadlock: every rank waits for a call no rank will make: "
                                + ", ".join(stuck))
     return merge([tl.events for tl in tls])
+
+
+def message_plan(schedule, p: int, m: int, v: int = 1, rank: int = 0,
+                 as_written: bool = False) -> tuple[dict, list]:
+    """When ``rank`` posts which point-to-point message: one order for all ranks.
+
+    NCCL matches a receive with the next message its peer sends (no tags)
+    and runs a group's operations one batch at a time, in the order they
+    were posted: all ranks must post sends and receives in one order in
+    which no two wait for each other. The ideal machine gives one: a
+    message is due when the call that makes it ends on the ideal timeline.
+    Returns ``starts``, {(kind, stage, mb): ideal start} of the rank's
+    calls, and ``batches``, [(time, [(kind, stage, mb, grad, peer)])]:
+    what the rank sends ("send", to ``stage``) and receives ("recv", for
+    its ``stage``) at each moment, in time order, ties broken alike on
+    every rank. Posting each batch due by a call's start before the call,
+    one ``dist.batch_isend_irecv`` each, cannot deadlock: the earliest
+    unfinished batch is posted by every rank in it, since they wait only
+    for earlier ones. ``as_written``: time the calls by their position
+    alone, for a schedule that deadlocks anyway (it then hangs where it
+    would, for the graders' deadline to explain).
+    """
+    n = p * v
+    events = _positions(schedule, p, m, v) if as_written else ideal_events(schedule, p, m, v)
+    messages = sorted(
+        (e["end"], e["stage"] + step, e["mb"], step < 0, e["rank"], (e["stage"] + step) % p)
+        for e in events for step in ((1,) if e["name"] == "F" else (-1,))
+        if 0 <= e["stage"] + step < n)
+    batches = {}
+    for t, stage, mb, grad, src, dst in messages:
+        for kind, me, peer in (("send", src, dst), ("recv", dst, src)):
+            if me == rank:
+                batches.setdefault(t, []).append((kind, stage, mb, grad, peer))
+    starts = {(e["name"], e["stage"], e["mb"]): e["start"] for e in events if e["rank"] == rank}
+    return starts, sorted(batches.items())
+
+
+def _positions(schedule, p, m, v):
+    """Each rank's calls timed by their position, one unit each."""
+    return [dict(rank=r, name=kind, stage=s, mb=i, start=k, end=k + 1)
+            for r, ops in enumerate(orders(schedule, p, m, v))
+            for k, (kind, s, i) in enumerate(ops)]
 
 
 def bubble_formula(p: int, m: int, v: int = 1) -> dict:
@@ -195,7 +243,7 @@ def _add_view(fig, fn, p, m, v, label, run=None):
 # How the charts of pipelines show each kind of event (timeline.gantt's ``legend``)
 # (legend name, index of its colour in plots.PALETTE)
 KINDS = {"F": ("forward", 0), "B": ("backward", 2), "recv": ("waiting in recv", 3),
-         "send": ("posting a send", 4)}
+         "post": ("posting messages", 4)}
 
 
 def micro_batch(event) -> str:

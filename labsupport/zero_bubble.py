@@ -14,8 +14,9 @@ rank keeps the same number of micro-batches in flight as 1F1B's first rank,
 and the W's fill the cool-down: with F, B and W of equal cost its bubble is
 (p-1)(F+B-W), a third of 1F1B's (p-1)(F+B+W).
 
-The harness is chapter 5's (``labsupport.pipeline``: tags, posted
-receives, sends, ``PipelineRank``), with the stage's Linear layers run on
+The harness is chapter 5's (``labsupport.pipeline``: the plan of messages
+from the ideal machine, batches posted when due, ``PipelineRank``), with
+the stage's Linear layers run on
 detached weights, so that autograd can only give dL/dx and each layer's
 dL/dz, and W must compute the weight gradients by hand.
 
@@ -34,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from labsupport import models, pipeline
+from labsupport import models, pipeline, pipeline_sim
 
 MODEL_KW = dict(d_in=32, width=64, depth=9, d_out=8, seed=0)
 ROWS = 8  # samples per micro-batch
@@ -99,22 +100,23 @@ def train_step_1f1b_split(pp):
 class ZBRank(pipeline.PipelineRank):
     """Chapter 5's PipelineRank with F, B and W, each padded to ``unit`` seconds."""
 
-    def __init__(self, stages, x, y, m, hidden, fns, unit):
-        super().__init__(stages, x, y, m, hidden)
+    def __init__(self, stages, x, y, m, hidden, plan, fns, unit):
+        super().__init__(stages, x, y, m, hidden, plan)
         self.input_grad, self.weight_grad = fns
         self.unit, self.wstash, self.ran = unit, {}, []
 
     @contextlib.contextmanager
     def compute(self, name, s, i, units=1):
-        start = time.perf_counter()
+        start = self.tl.now()  # the device's clock (labsupport.timing)
         yield
-        rest = units * self.unit - (time.perf_counter() - start)
+        rest = units * self.unit - (self.tl.now() - start)
         if rest > 0:
             time.sleep(rest)
-        self.tl.record("compute", name, start, time.perf_counter(), mb=i, stage=s)
+        self.tl.record("compute", name, start, self.tl.now(), mb=i, stage=s)
         self.ran.append((name, s, i))
 
     def forward(self, s, i):
+        pipeline.post_due(self, self.starts["F", s, i])
         last = s == self.num_stages - 1
         x = self.inputs[i] if s == 0 else pipeline.recv(self, s, i)
         x = x.detach().requires_grad_()
@@ -137,6 +139,7 @@ class ZBRank(pipeline.PipelineRank):
         self.peak = max(self.peak, len(self.stash) + len(self.wstash))
 
     def backward_input(self, s, i):
+        pipeline.post_due(self, self.starts["B", s, i])
         x, y, layers = self.stash.pop((s, i))
         dy = None if s == self.num_stages - 1 else pipeline.recv(self, s, i, grad=True)
         before = self._grads(s)
@@ -163,6 +166,7 @@ class ZBRank(pipeline.PipelineRank):
 
     def backward(self, s, i):
         """The chapter's backward, B and W at once (2 units); dx sent after both."""
+        pipeline.post_due(self, self.starts["B", s, i])
         x, y, layers = self.stash.pop((s, i))
         dy = None if s == self.num_stages - 1 else pipeline.recv(self, s, i, grad=True)
         with self.compute("B", s, i, units=2):
@@ -211,17 +215,27 @@ class Step:
         for q in model.parameters():
             q.grad = torch.zeros_like(q)
         x, y = data(m)
-        pp = ZBRank(pipeline.split_stages(model, p), x, y, m, MODEL_KW["width"], fns, unit)
-        pipeline.post_receives(pp)
-        dist.barrier(group=pp.group)  # start the step together
+        pp = ZBRank(pipeline.split_stages(model, p), x, y, m, MODEL_KW["width"],
+                    _plan(schedule, p, m), fns, unit)
+        dist.barrier()  # start the step together
         schedule(pp)
+        pipeline.post_due(pp, float("inf"))  # the step's last sends
         for work in pp.pending:
             work.wait()
-        dist.destroy_process_group(pp.group)
         own = {id(q) for stage in pp.stages.values() for q in stage.parameters()}
         grads = {n: q.grad for n, q in model.named_parameters() if id(q) in own}
         loss = torch.stack(pp.losses).sum() if pp.losses else None
         return dict(grads=grads, loss=loss, events=pp.tl.events, peak=pp.peak, ran=pp.ran)
+
+
+def _plan(schedule, p, m):
+    """Chapter 5's plan of messages; for a schedule that deadlocks on the ideal
+    machine, its calls as written, so that it hangs where it would and the
+    grader's deadline explains it."""
+    try:
+        return pipeline_sim.message_plan(schedule, p, m, 1, dist.get_rank())
+    except RuntimeError:  # pipeline_sim: "deadlock: ..."
+        return pipeline_sim.message_plan(schedule, p, m, 1, dist.get_rank(), as_written=True)
 
 
 def data(m):

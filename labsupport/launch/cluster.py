@@ -25,7 +25,7 @@ from labsupport.launch.lifetime import describe_status
 from labsupport.launch.limits import (DEFAULT_TIMEOUT, GRACE, START_TIMEOUT, TAIL_CHARS,
                                       check_timeout)
 from labsupport.launch.output import RankOutput, show
-from labsupport.launch.placement import Placement
+from labsupport.launch.placement import NCCL_ENV, Placement
 
 _numbers = itertools.count(1)
 
@@ -222,6 +222,8 @@ class Cluster:
         # Gloo's and NCCL's own sockets on the loopback interface only.
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        for name, value in NCCL_ENV.items():
+            env.setdefault(name, value)
         return dict(rank=rank, world_size=self.world_size, backend=self.backend,
                     device=self.placement.devices[rank], threads=self.placement.threads,
                     env=env, sys_path=list(_sys_path()), cwd=os.getcwd(),

@@ -21,6 +21,13 @@ from labsupport.launch.limits import check_world_size, cpu_count
 BACKENDS = ("auto", "gloo", "nccl")
 ENV = "LABSUPPORT_BACKEND"
 GPU_BACKEND = "cpu:gloo,cuda:nccl"  # what init_process_group gets when ranks have GPUs
+# Every rank's environment, unless the user set them: NCCL says why it failed
+# ("unhandled system error" alone otherwise), and torch's warning that unbatched
+# point-to-point is serialised under eager initialisation (the course's code
+# batches, LABSUPPORT_P2P=strict checks it) stays out of cell outputs; its text
+# names this variable (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp).
+NCCL_ENV = {"NCCL_DEBUG": "WARN",
+            "TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING": "false"}
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ and ``ls.device()`` (``identity.device``) answers the same way in both.
 """
 import os
 
-from labsupport.launch.placement import init_backend, requested
+from labsupport.launch.placement import NCCL_ENV, init_backend, requested
 
 
 def main(fn, *args, backend: str = "auto", **kwargs):
@@ -51,6 +51,8 @@ def _init(torch, dist, kind):
     if kind == "auto":
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         kind = "nccl" if gpus >= int(os.environ["LOCAL_WORLD_SIZE"]) else "gloo"
+    for name, value in NCCL_ENV.items():  # as in a notebook's ranks
+        os.environ.setdefault(name, value)
     device = None
     if kind == "nccl":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
