@@ -84,8 +84,8 @@ class DataParallelOverlap(DataParallelNaive):
 
     def __init__(self, module):
         params = [p for p in module.parameters() if p.requires_grad]
-        if any(hasattr(p, "_dp_hook") for p in params):  # hooks would fire twice:
-            raise ValueError(                              # gradients N times too big
+        if any(hasattr(p, "_dp_hook") for p in params):
+            raise ValueError(  # its hooks would fire twice: N-fold gradients
                 "this module's parameters are already wrapped for data "
                 "parallelism: wrap a module once, or close() the old wrapper")
         super().__init__(module)
@@ -185,7 +185,8 @@ class DataParallelBucket(DataParallelOverlap):
         self.works.clear()
 
     def reset(self):
-        """Forget a backward that went wrong: wait for its all-reduces, recount."""
+        """Forget a backward that went wrong: finish its all-reduces,
+        count every bucket's gradients afresh."""
         for flat, work in self.works.values():
             work.wait()
         self.works.clear()

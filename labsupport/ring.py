@@ -115,7 +115,9 @@ def pass_along(inbox, outbox, scratch, right, left, ahead):
     i is the arrival of exchange i - ahead or earlier, finished by then."""
     in_flight = []  # (i, works), oldest first
     for i in range(max(len(inbox), len(outbox))):
-        ops = [dist.P2POp(dist.isend, outbox[i], right)] if i < len(outbox) else []
+        ops = []
+        if i < len(outbox):
+            ops.append(dist.P2POp(dist.isend, outbox[i], right))
         if i < len(inbox):
             ops.append(dist.P2POp(dist.irecv, landing(inbox, i, scratch), left))
         in_flight.append((i, dist.batch_isend_irecv(ops)))
@@ -149,7 +151,7 @@ def ring_allreduce(tensor, segment_bytes=SEGMENT_BYTES):
     own = chunks[(rank - 1) % world_size].split(seg)  # step 0 sends these
     # Every later step sends on what the step before received; both
     # neighbours go in the same order, so receives match sends.
-    outbox = [*own, *(part for step, part in inbox if step < 2 * world_size - 3)]
+    outbox = [*own, *(p for step, p in inbox if step < 2 * world_size - 3)]
     ahead = max(1, min(WINDOW, len(own)))  # sends wait for their arrival
     pass_along(inbox, outbox, scratch, right, left, ahead)
     return tensor

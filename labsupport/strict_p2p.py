@@ -74,6 +74,10 @@ def install():
     """Replace dist's point-to-point functions by strict ones, if ``requested()``."""
     if _state["installed"] or not requested():
         return
+    from labsupport.launch.identity import backend_of
+    if backend_of() == "nccl":
+        raise RuntimeError(f"{ENV}=strict runs gloo by NCCL's rules, and these ranks run "
+                           f"NCCL itself: unset {ENV}, or use LABSUPPORT_BACKEND=gloo")
     originals = {name: _patch.current(name) for name in (*P2P, *ORDERED, "batch_isend_irecv")}
     _state["originals"] = originals
     strict = {name: _unbatched(name, originals) for name in P2P}
@@ -197,23 +201,50 @@ def _unbatched(name, originals):
 
 
 def _batch(originals):
-    """batch_isend_irecv: every operation posted at once, the batch queued as one."""
+    """batch_isend_irecv: every operation posted at once, the batch queued as one.
+
+    Each operation's request completes on its own (so a report can name the
+    one that never did); the group's next operation waits for all of them.
+    """
     def batch_isend_irecv(p2p_op_list):
         ops = list(p2p_op_list)
         c10d._check_p2p_op_list(ops)
-        for op in ops:
-            _refuse_any_source(_kind(op), {"src": op.peer})
+        requests = [StrictWork() for _ in ops]
 
         def run():
-            works = [originals[_kind(op)](op.tensor, group=op.group, tag=0,
-                                          **{_peer_key(op): op.group_peer})
-                     for op in ops]
-            for work in works:
-                _complete(work)
-        work = _stream(ops[0].group).put(run)
-        return [work for _ in ops]  # one request per operation, done together
+            try:
+                works = [originals[_kind(op)](op.tensor, group=op.group, tag=0,
+                                              **{_peer_key(op): op.group_peer})
+                         for op in ops]
+            except BaseException as error:
+                for request in requests:
+                    request._finish(error)
+                raise
+            _complete_all(works, requests)
+        _stream(ops[0].group).put(run)
+        return requests
     batch_isend_irecv.__doc__ = "dist.batch_isend_irecv by NCCL's rules (LABSUPPORT_P2P=strict)."
     return batch_isend_irecv
+
+
+def _complete_all(works, requests):
+    """Wait for every work, each finishing its request as soon as it is done."""
+    waiters = [threading.Thread(target=_complete_one, args=pair, daemon=True)
+               for pair in zip(works[1:], requests[1:])]
+    for waiter in waiters:
+        waiter.start()
+    _complete_one(works[0], requests[0])
+    for waiter in waiters:
+        waiter.join()
+
+
+def _complete_one(work, request):
+    try:
+        _complete(work)
+    except BaseException as error:
+        request._finish(error)
+    else:
+        request._finish(None)
 
 
 def _ordered(original):

@@ -25,8 +25,10 @@ def halving_reduce_scatter(tensor):
         mine = chunk_range(tensor, world_size, *keep)
         received = torch.empty_like(mine)
         partner = rank ^ distance
-        requests = [dist.isend(chunk_range(tensor, world_size, *give), partner),
-                    dist.irecv(received, partner)]
+        giving = chunk_range(tensor, world_size, *give)
+        requests = dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, giving, partner),
+            dist.P2POp(dist.irecv, received, partner)])
         for request in requests:
             request.wait()
         mine.add_(received)
@@ -42,7 +44,9 @@ def doubling_all_gather(tensor):
         mine, theirs = (r // distance * distance for r in (rank, partner))
         sending = chunk_range(tensor, world_size, mine, mine + distance)
         arriving = chunk_range(tensor, world_size, theirs, theirs + distance)
-        requests = [dist.isend(sending, partner), dist.irecv(arriving, partner)]
+        requests = dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, sending, partner),
+            dist.P2POp(dist.irecv, arriving, partner)])
         for request in requests:
             request.wait()
         distance *= 2
@@ -57,8 +61,10 @@ def alltoall_reduce_scatter(tensor):
     """Right sums: the whole tensor goes to every other rank, (N-1)*S bytes, N-1 rounds."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     received = [torch.empty_like(tensor) for _ in range(world_size)]
-    requests = [dist.isend(tensor.clone(), peer) for peer in range(world_size) if peer != rank]
-    requests += [dist.irecv(received[peer], peer) for peer in range(world_size) if peer != rank]
+    others = [peer for peer in range(world_size) if peer != rank]
+    requests = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, tensor.clone(), peer) for peer in others]
+        + [dist.P2POp(dist.irecv, received[peer], peer) for peer in others])
     for request in requests:
         request.wait()
     for peer in range(world_size):
@@ -71,8 +77,10 @@ def direct_reduce_scatter(tensor):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     chunks = tensor.tensor_split(world_size)
     received = [torch.empty_like(chunks[rank]) for _ in range(world_size)]
-    requests = [dist.isend(chunks[peer], peer) for peer in range(world_size) if peer != rank]
-    requests += [dist.irecv(received[peer], peer) for peer in range(world_size) if peer != rank]
+    others = [peer for peer in range(world_size) if peer != rank]
+    requests = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, chunks[peer], peer) for peer in others]
+        + [dist.P2POp(dist.irecv, received[peer], peer) for peer in others])
     for request in requests:
         request.wait()
     for peer in range(world_size):
