@@ -96,8 +96,9 @@ def zigzag_ring_attention(q, k, v):
         src = (rank - step) % world_size
         incoming, requests = torch.empty_like(kv), []
         if step < world_size - 1:
-            requests = [dist.isend(kv, (rank + 1) % world_size),
-                        dist.irecv(incoming, (rank - 1) % world_size)]
+            requests = dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, kv, (rank + 1) % world_size),
+                dist.P2POp(dist.irecv, incoming, (rank - 1) % world_size)])
         if src <= rank:
             k_pos = torch.arange(src * c, (src + 1) * c)
             o, l = block_attention(q, kv[0], kv[1], k_pos[None, :] <= q_pos[:, None])

@@ -49,7 +49,8 @@ def _held_back(st) -> str:
     """' Its dist.irecv ..., issued after it, could not start ...' (strict mode)."""
     if st["behind"] or not st["queued"]:
         return ""
-    later = st["queued"][0]
+    # A send held back is what its peer waits for; else the next call in line.
+    later = next((c for c in st["queued"] if "send" in c["op"]), st["queued"][0])
     return (f" Its {p2p_log.call_text(later['op'], later['what'], later['peer'])}, issued "
             "after it, could not start before it completed.")
 

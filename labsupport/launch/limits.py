@@ -73,8 +73,9 @@ def cpu_count() -> int:
     return max(1, cores)
 
 
-def cgroup_cpus(root: str = CGROUP) -> int | None:
+def cgroup_cpus(root: str | None = None) -> int | None:
     """Whole cores of the cgroup's CPU quota (at least 1), or None when unlimited."""
+    root = CGROUP if root is None else root
     for quota_file, period_file in (("cpu.max", None),  # v2: "<quota> <period>" or "max ..."
                                     ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us"),
                                     ("cpu,cpuacct/cpu.cfs_quota_us",
