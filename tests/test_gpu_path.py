@@ -14,11 +14,15 @@
   4 and 6 call it in their cells.
 - Threads per rank follow the container's CPU quota and $LABSUPPORT_CPUS.
 - NCCL's environment in every rank and in the process server.
+- make test-gpu skips in one line here; its sanitizer masks GPU-only outputs.
 """
 import dataclasses
 import os
 import pickle
+import re
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +33,8 @@ from labsupport import ddp, ddp_probe, models, pipeline, timing
 from labsupport.launch import cluster as cluster_module, forkserver, limits, placement, \
     rank_main, session, torchrun
 from grading_rings import ring_all_reduce
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # -- the backend rule and the device-placement check ---------------------------------
@@ -269,3 +275,32 @@ def test_every_rank_gets_nccls_environment_unless_the_user_set_it(monkeypatch):
 def test_timing_now_is_perf_counter_on_the_cpu():
     before = time.perf_counter()
     assert before <= timing.now("cpu") <= timing.now(None) <= time.perf_counter()
+
+
+# -- make test-gpu ------------------------------------------------------------------------
+
+def test_make_test_gpu_skips_in_one_line_without_two_gpus():
+    if placement.visible_gpus() >= 2:
+        pytest.skip("this machine has the GPUs: make test-gpu runs for real here")
+    out = subprocess.run(["scripts/test_gpu.sh"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stderr == ""
+    assert out.stdout.startswith("test-gpu: skipped: ") and out.stdout.count("\n") == 1
+
+
+def test_the_gpu_sanitizer_masks_what_differs_on_gpus_only():
+    from nbval.plugin import get_sanitize_patterns
+
+    patterns = get_sanitize_patterns((ROOT / "tests" / "nbval_sanitize_gpu.cfg").read_text())
+
+    def sanitize(text):
+        for regex, replace in patterns:
+            text = re.sub(regex, replace, text)
+        return text
+
+    cpu = ("labsupport: ranks run on gloo (CPU): no CUDA GPU visible\nrank 0 on cpu\n"
+           "naive: profiler: 18 gloo:all_reduce, issued after backward\n")
+    gpu = "rank 0 on cuda:0\nnaive: profiler: 18 nccl:all_reduce, issued after backward\n"
+    assert sanitize(cpu) == sanitize(gpu)
+    kept = "N = 4: DDP fp16 sends 0.50 of what fp32 DDP sends; cpu model, 3 calls"
+    assert sanitize(kept) == kept

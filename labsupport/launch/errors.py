@@ -152,8 +152,10 @@ _LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # .../labsupp
 _COURSE_ROOT = os.path.dirname(os.path.dirname(_LAUNCH_DIR.rstrip(os.sep))) + os.sep
 _FAULT_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
 # Frames that say nothing to the reader: the launcher's own (every file of the
-# package labsupport.launch), and torch's logging wrapper.
-_INTERNAL = (_LAUNCH_DIR, "<frozen ", os.sep + "threading.py", "c10d_logger.py")
+# package labsupport.launch), strict mode's wrappers of torch.distributed's
+# functions (labsupport/strict_p2p.py), and torch's logging wrapper.
+_INTERNAL = (_LAUNCH_DIR, "<frozen ", os.sep + "threading.py", "c10d_logger.py",
+             os.sep + "labsupport" + os.sep + "strict_p2p.py")
 
 
 GPU_STUCK = ("  (the function had returned, but an NCCL or CUDA operation it queued never "

@@ -70,17 +70,20 @@ def place(world_size, backend="auto", threads=None) -> Placement:
     """Validate the request and decide backend, devices and threads."""
     world_size = check_world_size(world_size)
     kind, notice = requested(backend), None
-    gpus = 0 if kind == "gloo" else visible_gpus()  # gloo needs no torch in the kernel
+    from_env = backend.lower() == "auto" and kind == "gloo"  # $LABSUPPORT_BACKEND=gloo
+    # gloo asked for needs no torch in the kernel; from the environment, it says why
+    gpus = 0 if kind == "gloo" and not from_env else visible_gpus()
     if kind == "nccl" and world_size > gpus:
         fix = f"use world_size<={gpus}, or " if gpus else ""
         raise ValueError(
             f"backend='nccl' needs one GPU per rank: world_size={world_size} but {gpus} GPU(s) "
             f"visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): "
             f"{fix}use backend='gloo' to run the ranks on the CPU.")
-    if kind == "auto":
-        kind = "nccl" if 0 < world_size <= gpus else "gloo"
+    if kind == "auto" or from_env:
+        kind = "nccl" if 0 < world_size <= gpus and not from_env else "gloo"
         if kind == "gloo":
-            why = f"only {gpus} GPU(s) visible" if gpus else "no CUDA GPU visible"
+            why = (f"{ENV}=gloo" if from_env and gpus else
+                   f"only {gpus} GPU(s) visible" if gpus else "no CUDA GPU visible")
             notice = f"labsupport: ranks run on gloo (CPU): {why}"
     devices = tuple(f"cuda:{r}" if kind == "nccl" else "cpu" for r in range(world_size))
     if threads is None:
