@@ -24,7 +24,7 @@ from labsupport.models import DeepMLP
 from labsupport.timeline import Timeline
 
 # The functions and class the notebook defines too, in its order.
-LESSON = ["send", "post_due", "recv", "forward_step", "backward_step",
+LESSON = ["send", "post_due", "wait_for", "recv", "forward_step", "backward_step",
           "PipelineRank", "run_step", "train_step_naive", "train_step_afab",
           "train_step_1f1b", "train_step_interleaved", "run_step_torch"]
 
@@ -78,10 +78,19 @@ def post_due(pp, until):
             op = dist.isend if kind == "send" else dist.irecv
             ops.append(dist.P2POp(op, tensor, peer))
         with pp.tl.span("comm", "post", messages=len(ops)):
-            works = dist.batch_isend_irecv(ops)
-        pp.pending += works
-        for key, buffer in arriving:
-            pp.posted[key] = (buffer, works)
+            pp.batches.append(dist.batch_isend_irecv(ops))
+        for key, buffer in arriving:  # it arrives with batch number n
+            pp.posted[key] = (buffer, len(pp.batches))
+
+
+def wait_for(pp, n):
+    """Wait for the first n batches posted, in order, each once: NCCL
+    completes them in that order, and gloo's requests may be waited for
+    only once."""
+    for works in pp.batches[pp.waited:n]:
+        for work in works:
+            work.wait()
+    pp.waited = max(pp.waited, n)
 
 
 def recv(pp, stage, i, grad=False):
@@ -89,10 +98,9 @@ def recv(pp, stage, i, grad=False):
 
     The time spent here is recorded on the "wait" lane: idle time.
     """
-    buffer, works = pp.posted.pop((stage, i, grad))
+    buffer, n = pp.posted.pop((stage, i, grad))
     with pp.tl.span("wait", "recv", mb=i, stage=stage):
-        for work in works:  # its batch, which completes as one
-            work.wait()
+        wait_for(pp, n)
     return buffer
 
 
@@ -147,7 +155,7 @@ class PipelineRank:
         self.starts, plan = plan  # pipeline_sim.message_plan's
         self.plan = list(plan)    # batches still to post, in order
         self.stash, self.outbox, self.posted = {}, {}, {}
-        self.pending, self.losses = [], []
+        self.batches, self.waited, self.losses = [], 0, []
         self.peak = 0  # most micro-batches stashed at once
 
 
@@ -173,8 +181,7 @@ def run_step(schedule, x, y, m, v=1, model_kw=None, repeats=1):
         cpu = time.thread_time()
         schedule(pp)
         post_due(pp, float("inf"))  # the step's last sends
-        for work in pp.pending:
-            work.wait()
+        wait_for(pp, len(pp.batches))
         cpu = time.thread_time() - cpu
     grads = {n: q.grad for n, q in model.named_parameters()
              if q.grad is not None}

@@ -27,7 +27,10 @@ process group (NCCL's stream), run by a helper thread in issue order:
 - a collective of the group waits for the group's earlier operations, and
   the group's later ones wait for it (NCCL's one stream). That is stricter
   than needed for CPU tensors under ``cpu:gloo,cuda:nccl`` (gloo's own
-  threads), never looser.
+  threads), never looser;
+- and gloo's own trap stays a trap: a request waited for a second time
+  raises (on gloo that wait never returns), so code that passes here runs
+  on both.
 
 So a pattern that can hang on NCCL hangs here too, on a CPU, and
 ``labsupport.p2p_log`` records what each operation was queued behind
@@ -92,12 +95,18 @@ class StrictWork:
 
     def __init__(self):
         self._lock, self._done = threading.Lock(), threading.Event()
-        self._error, self._callbacks = None, []
+        self._error, self._callbacks, self._waited = None, [], False
 
     def wait(self, timeout=None):
+        if self._waited:  # NCCL would not mind; gloo would never return
+            raise RuntimeError(
+                "this point-to-point request was already waited for: on gloo a second "
+                "wait() of an isend/irecv request blocks forever (its buffer waits for "
+                "another completion). Wait for each request once.")
         seconds = getattr(timeout, "total_seconds", lambda: timeout)()
         if not self._done.wait(seconds):
             raise RuntimeError(f"the operation did not complete within {seconds} s")
+        self._waited = True
         if self._error is not None:
             raise self._error
         return True
@@ -222,7 +231,7 @@ def _batch(originals):
                 raise
             _complete_all(works, requests)
         _stream(ops[0].group).put(run)
-        return requests
+        return list(requests)  # the caller's own list (send_object_list pops it)
     batch_isend_irecv.__doc__ = "dist.batch_isend_irecv by NCCL's rules (LABSUPPORT_P2P=strict)."
     return batch_isend_irecv
 

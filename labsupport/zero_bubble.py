@@ -220,8 +220,7 @@ class Step:
         dist.barrier()  # start the step together
         schedule(pp)
         pipeline.post_due(pp, float("inf"))  # the step's last sends
-        for work in pp.pending:
-            work.wait()
+        pipeline.wait_for(pp, len(pp.batches))
         own = {id(q) for stage in pp.stages.values() for q in stage.parameters()}
         grads = {n: q.grad for n, q in model.named_parameters() if id(q) in own}
         loss = torch.stack(pp.losses).sum() if pp.losses else None

@@ -161,3 +161,16 @@ def _fixed_forms():
 def test_their_fixed_forms_pass_by_nccls_rules(strict):
     per_rank = strict.run(_fixed_forms, timeout=60)
     assert sum(per_rank) == 20  # the 10 Linear layers' weights and biases, once
+
+
+def _waits_twice():
+    peer = 1 - dist.get_rank()
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(2), peer),
+                                    dist.P2POp(dist.irecv, torch.empty(2), peer)])
+    for work in works + works[:1]:  # the send's request a second time
+        work.wait()
+
+
+def test_a_request_waited_for_twice_is_refused_as_gloo_would_hang(strict):
+    with pytest.raises(ls.RankError, match="already waited for: on gloo a second wait"):
+        strict.run(_waits_twice, timeout=10)
