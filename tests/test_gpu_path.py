@@ -94,7 +94,11 @@ def test_the_gpu_group_runs_the_lessons_cpu_collectives_where_nccl_alone_fails(m
 
 
 def test_the_graders_pin_gloo_whatever_group_the_chapter_runs(monkeypatch):
-    monkeypatch.setattr(session, "_current", gpu_group_on_the_cpu("nccl"))
+    monkeypatch.setattr(placement, "visible_gpus", lambda: 2)
+    monkeypatch.setenv(placement.ENV, "auto")
+    chapter = gpu_group_on_the_cpu("nccl")  # CUDA tensors only, like NCCL
+    chapter.backend = placement.place(2).backend  # ... and what 2 GPUs would run
+    monkeypatch.setattr(session, "_current", chapter)
     ls.grading.check_allreduce(ring_all_reduce, world_sizes=(2,), sizes=(8,))
     assert session.current().backend == "gloo"  # the chapter's group was replaced
     ls.shutdown()

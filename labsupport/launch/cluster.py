@@ -216,14 +216,13 @@ class Cluster:
 
     def _spec(self, directory, rank) -> dict:
         prefix = os.path.join(directory, f"c{self._number}-g{self._generation}")
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
+        env = dict({**NCCL_ENV, **os.environ},  # NCCL's defaults unless set
+                   RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
                    WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.world_size),
                    OMP_NUM_THREADS=str(self.placement.threads))
         # Gloo's and NCCL's own sockets on the loopback interface only.
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("NCCL_SOCKET_IFNAME", "lo")
-        for name, value in NCCL_ENV.items():
-            env.setdefault(name, value)
         return dict(rank=rank, world_size=self.world_size, backend=self.backend,
                     device=self.placement.devices[rank], threads=self.placement.threads,
                     env=env, sys_path=list(_sys_path()), cwd=os.getcwd(),
