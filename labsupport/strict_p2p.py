@@ -49,7 +49,7 @@ from labsupport import _patch
 
 ENV = "LABSUPPORT_P2P"
 MODES = ("", "gloo", "strict")  # unset or "gloo": gloo's own rules
-P2P = ("isend", "irecv", "send", "recv")
+P2P = ("isend", "irecv")  # torch's send and recv are isend and irecv, waited for
 ORDERED = ("barrier", "all_reduce", "reduce", "broadcast", "all_gather",
            "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
            "all_to_all", "all_to_all_single", "gather", "scatter")
@@ -184,23 +184,19 @@ def _stream(group) -> _Stream:
 
 
 def _unbatched(name, originals):
-    """send/recv/isend/irecv: queued alone, run to completion, tag ignored."""
-    post = originals["isend" if "send" in name else "irecv"]
+    """isend/irecv (and so send/recv, which torch builds from them): queued
+    alone, run to completion, tag ignored."""
+    post = originals[name]
     signature = inspect.signature(post)
-    blocking = name in ("send", "recv")
 
     def strict(*args, **kwargs):
         call = signature.bind(*args, **kwargs)
         call.apply_defaults()
         arguments = dict(call.arguments, tag=0)  # NCCL has no tags
         _refuse_any_source(name, arguments)
-        work = _stream(arguments["group"]).put(lambda: _complete(post(**arguments)))
-        if not blocking:
-            return work
-        work.wait()
-        return _global_peer(arguments, "src") if name == "recv" else None
+        return _stream(arguments["group"]).put(lambda: _complete(post(**arguments)))
     strict.__name__ = strict.__qualname__ = name
-    strict.__signature__ = inspect.signature(originals[name])  # for the recorders
+    strict.__signature__ = signature  # for the recorders
     strict.__doc__ = f"dist.{name} by NCCL's rules (LABSUPPORT_P2P=strict)."
     return strict
 
@@ -282,18 +278,11 @@ def _peer_key(op) -> str:
 
 def _refuse_any_source(name, arguments):
     if "recv" in name and arguments.get("src") is None and arguments.get("group_src") is None:
-        raise ValueError(f"dist.{name} without src receives from any rank, which NCCL cannot "
-                         "do (LABSUPPORT_P2P=strict runs by its rules): name the sender, "
-                         f"dist.{name}(tensor, src)")
+        raise ValueError("a receive without src takes a message from any rank, which NCCL "
+                         "cannot do (LABSUPPORT_P2P=strict runs by its rules): name the "
+                         "sender, dist.recv(tensor, src)")
 
 
 def _complete(work):
     if work is not None:  # None: this rank is not in the group
         work.wait()
-
-
-def _global_peer(arguments, key) -> int:
-    if arguments.get(key) is not None:
-        return arguments[key]
-    group = c10d._group_or_default_group(arguments["group"])
-    return c10d.get_global_rank(group, arguments["group_" + key])
