@@ -53,7 +53,7 @@ P2P = ("isend", "irecv")  # torch's send and recv are isend and irecv, waited fo
 ORDERED = ("barrier", "all_reduce", "reduce", "broadcast", "all_gather",
            "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
            "all_to_all", "all_to_all_single", "gather", "scatter")
-_state = {"installed": False, "originals": {}}
+_state = {"installed": False}
 _streams: dict = {}  # process group -> _Stream
 _streams_lock = threading.Lock()
 
@@ -68,7 +68,7 @@ def requested() -> bool:
 
 
 def active() -> bool:
-    """Whether this process runs point-to-point by NCCL's rules now."""
+    """Whether this process runs point-to-point by NCCL's rules."""
     return _state["installed"]
 
 
@@ -81,7 +81,6 @@ def install():
         raise RuntimeError(f"{ENV}=strict runs gloo by NCCL's rules, and these ranks run "
                            f"NCCL itself: unset {ENV}, or use LABSUPPORT_BACKEND=gloo")
     originals = {name: _patch.current(name) for name in (*P2P, *ORDERED, "batch_isend_irecv")}
-    _state["originals"] = originals
     strict = {name: _unbatched(name, originals) for name in P2P}
     strict["batch_isend_irecv"] = _batch(originals)
     strict.update({name: _ordered(originals[name]) for name in ORDERED})
@@ -116,9 +115,6 @@ class StrictWork:
     def exception(self):
         return self._error
 
-    def result(self):
-        return []
-
     def on_done(self, callback):
         """Call ``callback()`` once the operation has completed (now, if it has)."""
         with self._lock:
@@ -146,11 +142,23 @@ class _Stream:
     """One group's operations, run one at a time in issue order by a helper thread.
 
     The thread exists only while the queue holds work, so an idle rank keeps
-    no thread per group.
+    no thread per group. Collectives run on the caller's thread: each waits
+    until the queue is empty, and the queue's next item waits for them.
     """
 
     def __init__(self):
         self._lock, self._items, self._running = threading.Lock(), collections.deque(), False
+        self._collectives = []  # asynchronous ones, maybe still running
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._items and not self._running
+
+    def behind(self, work):
+        """The next item starts after ``work`` (an asynchronous collective)."""
+        with self._lock:
+            self._collectives = [w for w in self._collectives if not w.is_completed()]
+            self._collectives.append(work)
 
     def put(self, run) -> StrictWork:
         work = StrictWork()
@@ -169,7 +177,10 @@ class _Stream:
                     self._running = False
                     return
                 run, work = self._items.popleft()
+                collectives, self._collectives = self._collectives, []
             try:
+                for collective in collectives:
+                    collective.wait()
                 run()
             except BaseException as error:  # the caller's wait() raises it
                 work._finish(error)
@@ -257,10 +268,11 @@ def _ordered(original):
             return original(*args, **kwargs)
         group = signature.bind(*args, **kwargs).arguments.get("group")
         stream = _stream(group)
-        stream.put(lambda: None).wait()  # the group's earlier operations are done
+        if not stream.idle():  # the group's earlier operations first
+            stream.put(lambda: None).wait()
         result = original(*args, **kwargs)
         if hasattr(result, "wait"):  # async_op=True: later operations wait for it
-            stream.put(result.wait)
+            stream.behind(result)
         return result
     strict.__name__ = strict.__qualname__ = original.__name__
     strict.__wrapped__ = original
