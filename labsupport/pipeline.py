@@ -24,7 +24,7 @@ from labsupport.models import DeepMLP
 from labsupport.timeline import Timeline
 
 # The functions and class the notebook defines too, in its order.
-LESSON = ["send", "post_due", "wait_for", "recv", "forward_step", "backward_step",
+LESSON = ["send", "post_ready", "wait_for", "recv", "forward_step", "backward_step",
           "PipelineRank", "run_step", "train_step_naive", "train_step_afab",
           "train_step_1f1b", "train_step_interleaved", "run_step_torch"]
 
@@ -51,25 +51,25 @@ def split_stages(model: DeepMLP, num_stages: int) -> list[nn.Sequential]:
 # --- the lesson: one copy here, one in the notebook (tests/test_pipeline.py) ---
 
 def send(pp, tensor, stage, i, grad=False):
-    """Hand over micro-batch i's activation (or gradient) for ``stage``.
-
-    It leaves with its batch, which post_due posts before our next call.
-    """
+    """Hand over micro-batch i's activation (or gradient) for ``stage``,
+    and post the batches of the plan it completes."""
     pp.outbox[stage, i, grad] = tensor.detach().contiguous()
+    post_ready(pp)
 
 
-def post_due(pp, until):
-    """Post, in order, every batch of the plan due by ideal time ``until``.
+def post_ready(pp):
+    """Post the plan's batches, in order, as far as we have made their sends.
 
-    One dist.batch_isend_irecv per moment: what this rank sends then, and
-    the receives of what its neighbours send then. Every rank posts in
-    the plan's one order, so each receive meets its send even on NCCL,
-    which has no tags and runs a group's operations one at a time.
+    One dist.batch_isend_irecv per moment of the ideal timeline: what this
+    rank sends then, and the receives of what its neighbours send then.
+    Every rank posts in the plan's one order, so each receive meets its send
+    even on NCCL, which has no tags and runs a group's operations one at a
+    time; and each message leaves as soon as it is made.
     """
-    while pp.plan and pp.plan[0][0] <= until:
-        _, messages = pp.plan.pop(0)
+    while pp.plan and all((s, i, grad) in pp.outbox
+                          for kind, s, i, grad, _ in pp.plan[0] if kind == "send"):
         ops, arriving = [], []
-        for kind, stage, i, grad, peer in messages:
+        for kind, stage, i, grad, peer in pp.plan.pop(0):
             if kind == "send":
                 tensor = pp.outbox.pop((stage, i, grad))
             else:
@@ -98,6 +98,7 @@ def recv(pp, stage, i, grad=False):
 
     The time spent here is recorded on the "wait" lane: idle time.
     """
+    post_ready(pp)  # receives of the plan come before their sends' batches
     buffer, n = pp.posted.pop((stage, i, grad))
     with pp.tl.span("wait", "recv", mb=i, stage=stage):
         wait_for(pp, n)
@@ -106,7 +107,6 @@ def recv(pp, stage, i, grad=False):
 
 def forward_step(pp, s, i):
     """Micro-batch i through stage s: receive the input, compute, send on."""
-    post_due(pp, pp.starts["F", s, i])  # the messages due before this call
     last = s == pp.num_stages - 1
     x = pp.inputs[i] if s == 0 else recv(pp, s, i).requires_grad_()
     with pp.tl.span("compute", "F", mb=i, stage=s):
@@ -123,7 +123,6 @@ def forward_step(pp, s, i):
 
 def backward_step(pp, s, i):
     """Micro-batch i back through stage s: get dL/dy, backprop, send dL/dx."""
-    post_due(pp, pp.starts["B", s, i])
     x, y = pp.stash.pop((s, i))  # frees this micro-batch's activations
     dy = None if s == pp.num_stages - 1 else recv(pp, s, i, grad=True)
     with pp.tl.span("compute", "B", mb=i, stage=s):
@@ -152,8 +151,7 @@ class PipelineRank:
         self.inputs, self.targets = x.chunk(m), y.chunk(m)
         # Spans end when the device's work is done (timeline, GPU too).
         self.device, self.tl = x.device, Timeline(self.rank, x.device)
-        self.starts, plan = plan  # pipeline_sim.message_plan's
-        self.plan = list(plan)    # batches still to post, in order
+        self.plan = list(plan)  # pipeline_sim.message_plan's batches, in order
         self.stash, self.outbox, self.posted = {}, {}, {}
         self.batches, self.waited, self.losses = [], 0, []
         self.peak = 0  # most micro-batches stashed at once
@@ -180,13 +178,12 @@ def run_step(schedule, x, y, m, v=1, model_kw=None, repeats=1):
         dist.barrier()  # start the step together
         cpu = time.thread_time()
         schedule(pp)
-        post_due(pp, float("inf"))  # the step's last sends
-        wait_for(pp, len(pp.batches))
+        wait_for(pp, len(pp.batches))  # the step's last sends too
         cpu = time.thread_time() - cpu
     grads = {n: q.grad for n, q in model.named_parameters()
              if q.grad is not None}
     loss = torch.stack(pp.losses).sum() if pp.losses else None
-    sends = sum(k == "send" for _, batch in plan[1] for k, *_ in batch)
+    sends = sum(k == "send" for batch in plan for k, *_ in batch)
     return dict(grads=grads, loss=loss, events=pp.tl.events, peak=pp.peak,
                 cpu=cpu, messages=sends)
 

@@ -109,8 +109,9 @@ def zigzag_ring_attention(q, k, v):
     return out
 '''.strip()
 AVERAGE = "def average_merge(out, lse, o, l):\n    return (out + o) / 2, torch.logaddexp(lse, l)\n\n\n"
-SENDS = ("requests = [dist.isend(kv, (rank + 1) % world_size),\n"
-         "                        dist.irecv(incoming, (rank - 1) % world_size)]")
+SENDS = ("requests = dist.batch_isend_irecv([\n"
+         "                dist.P2POp(dist.isend, kv, (rank + 1) % world_size),\n"
+         "                dist.P2POp(dist.irecv, incoming, (rank - 1) % world_size)])")
 BLOCKING = ("dist.send(kv, (rank + 1) % world_size)\n"
             "            dist.recv(incoming, (rank - 1) % world_size)")
 # name -> {grade_id: that cell's source, or a function applied to the reference's};
