@@ -2,8 +2,9 @@
 # and skips its work when its inputs did not change, so a second run is fast.
 #   make book    environment, assets, then the book (executing every notebook)
 #   make test    environment, assets, chromium, the hub's proxy, then every test
+#   make test-gpu  the labs on >= 2 GPUs with NCCL (skips, saying why, elsewhere)
 .DEFAULT_GOAL := book
-.PHONY: book test env assets chromium proxy clean distclean
+.PHONY: book test test-gpu env assets chromium proxy clean distclean
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -18,6 +19,9 @@ book: env assets
 
 test: env assets chromium proxy
 	$(PY) -m pytest
+
+test-gpu: env
+	scripts/test_gpu.sh
 
 env:
 	scripts/setup_env.sh

@@ -11,9 +11,20 @@ only), and the text/plain summary is compared too.
 
 This file sits at the repository root, not in tests/, because pytest loads a
 conftest.py only from the directories of the paths it is given and their
-parents: a run on notebooks/ never reads tests/conftest.py.
+parents: a run on notebooks/ never reads tests/conftest.py. It also sets the
+environment of the whole test session (below).
 """
+import os
+
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+# The whole suite runs point-to-point by NCCL's rules (labsupport.strict_p2p),
+# so that code which would hang on GPUs hangs here; set once, it reaches the
+# ranks, the notebooks' kernels, the graders and the benchmarks' own ranks.
+# And on gloo even on a GPU node (labsupport.launch.placement); `make
+# test-gpu` sets both otherwise. The book (`make book`) sets neither.
+os.environ.setdefault("LABSUPPORT_P2P", "strict")
+os.environ.setdefault("LABSUPPORT_BACKEND", "gloo")
 
 
 def pytest_collection_modifyitems(session, config, items):

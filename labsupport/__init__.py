@@ -11,22 +11,23 @@ import sys
 
 from labsupport.launch.cluster import Cluster
 from labsupport.launch.errors import RankError, RankTimeout
-from labsupport.launch.identity import device
+from labsupport.launch.identity import backend_of, device
 from labsupport.launch.session import current, run, shutdown, start
 from labsupport.launch.torchrun import main
 from labsupport.your_turn import NotWritten
 
-__all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "current", "device", "main",
-           "run", "shutdown", "start"]
+__all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "backend_of", "current",
+           "device", "main", "run", "shutdown", "start"]
 
 # Submodules a chapter reaches as ``ls.<name>``, imported on first use so that
 # ``import labsupport`` stays light (it does not import torch by itself).
-_SUBMODULES = {"bench", "bubbles", "calls", "chapter_checks", "checkpointing", "crossings", "ddp",
-               "ddp_probe", "diagrams", "doctor", "elastic", "grading", "memory",
+_SUBMODULES = {"bench", "bubbles", "calls", "chapter_checks", "checkpointing", "crossings",
+               "ddp", "ddp_probe", "diagrams", "doctor", "elastic", "grading", "memory",
                "memory_calc", "mesh", "models", "moe", "overlap", "pipeline", "pipeline_sim",
                "planner", "plots", "profiling", "resumable", "ring", "ring_attention",
-               "sharded_checkpoint", "sharded_optimizer", "sweep", "tensor_parallel",
-               "timeline", "tp_gpt", "tp_probe", "traffic", "your_turn", "zero"}
+               "sharded_checkpoint", "sharded_optimizer", "strict_p2p", "sweep",
+               "tensor_parallel", "timeline", "timing", "tp_gpt", "tp_probe", "traffic",
+               "your_turn", "zero"}
 
 
 def __getattr__(name):

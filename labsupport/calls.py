@@ -60,8 +60,10 @@ _installed = {"depth": 0}
 
 class Log:
     """The calls of one ``record()`` block. ``listener`` (optional) is told of each
-    call as it starts, is waited for, ends or is dropped unwaited:
-    ``listener(event, call, tensor)`` with event "start", "wait", "end", "dropped"."""
+    call as it starts, is waited for, ends or is dropped unwaited, and (strict
+    mode, ``labsupport.strict_p2p``) when an isend/irecv has completed, waited for
+    or not: ``listener(event, call, tensor)`` with event "start", "wait", "end",
+    "dropped" or "done"."""
 
     def __init__(self, listener=None):
         self.calls: list[dict] = []
@@ -156,6 +158,7 @@ def _call(name, fn, bound, args, kwargs):
     logs = _started(call, tensor)
     result = fn(*args, **kwargs)
     if nonblocking:
+        _done_when(result, [(call, logs)])
         return Request(result, [(call, logs)])
     if result is not None and hasattr(result, "get_future"):  # async_op=True
         _end_when_done(result, call, logs)
@@ -175,7 +178,10 @@ def _batch(fn, bound, args, kwargs):
         calls.append((call, _started(call, op.tensor)))
     works = fn(*args, **kwargs)
     if len(works) == 1 < len(calls):  # NCCL: one work for the whole coalesced batch
+        _done_when(works[0], calls)
         return [Request(works[0], calls)]
+    for work, one in zip(works, calls):
+        _done_when(work, [one])
     return [Request(work, [one]) for work, one in zip(works, calls)]
 
 
@@ -222,6 +228,13 @@ def _ended(call, logs):
     for log in logs:
         log.waiting.pop(call["id"], None)
         log.tell("end", call)
+
+
+def _done_when(work, calls):
+    """Tell the logs when a strict-mode request has completed, waited for or not
+    (a ``strict_p2p.StrictWork``; other works say nothing until waited for)."""
+    if hasattr(work, "on_done"):
+        work.on_done(lambda: [log.tell("done", call) for call, logs in calls for log in logs])
 
 
 def _end_when_done(work, call, logs):

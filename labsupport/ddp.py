@@ -84,11 +84,23 @@ class DataParallelOverlap(DataParallelNaive):
     """
 
     def __init__(self, module):
+        params = [p for p in module.parameters() if p.requires_grad]
+        if any(hasattr(p, "_dp_hook") for p in params):
+            raise ValueError(  # its hooks would fire twice: N-fold gradients
+                "this module's parameters are already wrapped for data "
+                "parallelism: wrap a module once, or close() the old wrapper")
         super().__init__(module)
         self.works, self.sync = [], True
-        for param in module.parameters():
-            if param.requires_grad:
-                param.register_post_accumulate_grad_hook(self._grad_ready)
+        for param in params:
+            param._dp_hook = param.register_post_accumulate_grad_hook(
+                self._grad_ready)
+
+    def close(self):
+        """Remove the hooks: the module can be used alone or wrapped again."""
+        for param in self.module.parameters():
+            if hasattr(param, "_dp_hook"):
+                param._dp_hook.remove()
+                del param._dp_hook
 
     def _grad_ready(self, param):
         if self.sync:
@@ -159,8 +171,10 @@ class DataParallelBucket(DataParallelOverlap):
 
     def sync_gradients(self):
         if len(self.works) != len(self.buckets):
+            done = len(self.works)
+            self.reset()  # else the next backward starts from this one's counts
             raise RuntimeError(
-                f"only {len(self.works)} of {len(self.buckets)} buckets were "
+                f"only {done} of {len(self.buckets)} buckets were "
                 "all-reduced: call sync_gradients once after each backward "
                 "outside no_sync(), with every parameter used in forward")
         for i, (flat, work) in self.works.items():
@@ -170,4 +184,12 @@ class DataParallelBucket(DataParallelOverlap):
             for param, grad in zip(self.buckets[i], grads):
                 param.grad.copy_(grad.view_as(param))
         self.works.clear()
+
+    def reset(self):
+        """Forget a backward that went wrong: finish its all-reduces,
+        count every bucket's gradients afresh."""
+        for flat, work in self.works.values():
+            work.wait()
+        self.works.clear()
+        self.pending = [len(b) for b in self.buckets]
 # --- end of lesson ---

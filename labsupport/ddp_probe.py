@@ -8,7 +8,9 @@
     state_bytes(model, optimizer)            # bytes of parameters, gradients, optimizer state
 
 Timestamps are ``time.perf_counter()``, one clock for every rank of a
-machine (see labsupport.timeline). An asynchronous all-reduce is timed from
+machine (see labsupport.timeline), read once the rank's device has finished
+its queued work (``labsupport.timing``): step times and compute spans are the
+GPU's on a GPU. An asynchronous all-reduce is timed from
 the call to its completion, stamped by a callback on the work's future (run
 by the backend's thread when the work completes), so its bar on the timeline
 is when the communication really ran, not when someone waited for it. That
@@ -115,7 +117,7 @@ def _step(model, optimizer, x, y, tl: Timeline, probe: GradReadyProbe):
 
 
 def _setup(make_model, wrap, lr, device):
-    tl = Timeline()
+    tl = Timeline(device=device)  # spans end when the device's work is done
     module = make_model().to(device)
     probe = GradReadyProbe(module, tl)
     model = wrap(module)
@@ -137,9 +139,9 @@ def profile_steps(make_model, wrap, x, y, steps=10, warmup=3, lr=0.01) -> dict:
         tl.events.clear()
         dist.barrier()
         with watch_all_reduce(tl) as log:
-            start = time.perf_counter()
+            start = tl.now()
             _step(model, optimizer, x, y, tl, probe)
-            times.append(time.perf_counter() - start)
+            times.append(tl.now() - start)
     probe.remove()
     return dict(times=times[warmup:], events=list(tl.events), calls=log.count,
                 nbytes=log.nbytes)

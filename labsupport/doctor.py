@@ -3,7 +3,10 @@
 It reports the versions (Python, torch, NCCL), the GPUs this process sees and
 ``CUDA_VISIBLE_DEVICES``, the size of ``/dev/shm``, the cores per rank, then
 starts ranks with ``ls.start`` and times an all-reduce (gloo; NCCL too when GPUs
-are visible), and ends with a verdict that says what to fix for each problem.
+are visible). Last, what the chapters do, from a fresh Jupyter kernel as they
+run: under the default backend, an all-reduce of CPU tensors (the graders',
+CPU models) and a batched isend/irecv pair round a ring on each rank's
+device. It ends with a verdict that says what to fix for each problem.
 
 Every measurement is a function passed to `diagnose`, so the tests fake the
 failures (too little shared memory, more ranks than GPUs, a start that
@@ -62,11 +65,9 @@ def shm_bytes(path="/dev/shm"):
 
 
 def cores():
-    """Cores this process may use (its affinity mask)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    """Cores this process may use (affinity, cgroup quota, $LABSUPPORT_CPUS)."""
+    from labsupport.launch.limits import cpu_count
+    return cpu_count()
 
 
 def _allreduce():
@@ -138,6 +139,25 @@ def check_ranks(world_size, backend, deadline, probe):
     return Check(name, "ok", value)
 
 
+def check_chapters(world_size, deadline, kernel):
+    """One Check: from a kernel, CPU tensors and batched p2p work under the default backend."""
+    name = f"kernel: CPU, batched p2p ({world_size} rank{'s' * (world_size != 1)})"
+    try:
+        got = _with_deadline(lambda: kernel(world_size, deadline), deadline)
+    except Exception as e:
+        text = f"{type(e).__name__}: {(str(e) or '-').splitlines()[0][:200]}"
+        return Check(name, "fail", text, (
+            "the chapters' collectives on CPU tensors or their batched sends and receives "
+            "fail under the default backend: run the same from a notebook to see every "
+            "rank's traceback (a plain 'nccl' process group has no CPU backend)"))
+    want = [(float(sum(range(1, world_size + 1))), float((r - 1) % world_size))
+            for r in range(world_size)]
+    if [tuple(map(float, r)) for r in got] != want:
+        return Check(name, "fail", f"wrong results {got} (want {want})",
+                     "the collectives are broken here: report it with this output")
+    return Check(name, "ok", "from a fresh kernel, as the chapters run")
+
+
 def check_environment(ranks, facts, shm, ncores):
     """The Checks that need no rank: versions, GPUs, /dev/shm, cores."""
     gpus = len(facts["names"])
@@ -185,7 +205,7 @@ def check_shm(size, gpus):
 
 
 def diagnose(ranks=2, deadline=60.0, *, facts=gpu_facts, shm=shm_bytes, ncores=cores,
-             probe=start_and_allreduce):
+             probe=start_and_allreduce, kernel=None):
     """Every Check, in report order. Each measurement can be replaced (tests)."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks must be a positive int, got {ranks!r}")
@@ -195,6 +215,9 @@ def diagnose(ranks=2, deadline=60.0, *, facts=gpu_facts, shm=shm_bytes, ncores=c
     gpus = len(found["names"])
     if gpus and "error" not in found:
         checks.append(check_ranks(min(ranks, gpus), "nccl", deadline, probe))
+    if kernel is None:
+        from labsupport.doctor_kernel import kernel_probe as kernel
+    checks.append(check_chapters(ranks, deadline, kernel))
     return checks
 
 

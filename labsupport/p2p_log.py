@@ -12,6 +12,9 @@ the kernel can still say which message a stopped rank was waiting for,
 "rank 1 waited for rank 0's chunk 2" (``labsupport.grading.deadlock``). The
 calls are those of ``labsupport.calls``, the one recorder of a rank's calls
 to torch.distributed; this module is its listener that writes them down.
+Under ``LABSUPPORT_P2P=strict`` (``labsupport.strict_p2p``) each operation's
+completion is written too ("done"), so the kernel can tell which earlier
+operation a stopped rank's call was queued behind.
 """
 import contextlib
 import json
@@ -20,7 +23,7 @@ import time
 
 import torch.distributed as dist
 
-from labsupport import calls
+from labsupport import calls, strict_p2p
 from labsupport.calls import COLLECTIVES, P2P  # noqa: F401 (what grading.deadlock names)
 
 
@@ -71,14 +74,16 @@ class Recorder:
         self.write(ev="note", text=text)
 
     def __call__(self, event, call, tensor=None):
-        """calls.record's listener: each call's start, wait, end or drop, written down."""
+        """calls.record's listener: each call's start, wait, end, completion (strict
+        mode) or drop, written down."""
         if event != "start":
             self.write(ev=event, id=call["id"])
             return
         if call["kind"] == "p2p" and tensor is not None:
             call["what"] = describe_tensor(tensor, self.buffer, dist.get_world_size())
+        extra = {} if call["batch"] is None else {"batch": call["batch"]}
         self.write(ev="start", id=call["id"], op=call["op"], peer=call["peer"],
-                   what=call.get("what", ""), ranks=call["ranks"])
+                   what=call.get("what", ""), ranks=call["ranks"], **extra)
 
     @property
     def collectives(self) -> dict:
@@ -109,7 +114,7 @@ class Recorder:
 def record(path: str, buffer=None):
     """Record this rank's point-to-point and collective calls in the block to ``path``."""
     rec = Recorder(path, buffer)
-    rec.write(ev="begin")
+    rec.write(ev="begin", strict=strict_p2p.active())
     try:
         with calls.record(rec) as log:
             rec.log = log
@@ -135,12 +140,19 @@ def rank_state(events: list[dict]) -> dict:
     """What a stopped rank was doing in its last recorded block: ``state`` is
     'blocked' (in ``call``, since ``since``), 'returned' or 'running' (Python
     code, no message awaited); ``unwaited``: its requests nobody waited for
-    (when it returned), or that it dropped without waiting (at any time)."""
+    (when it returned), or that it dropped without waiting (at any time);
+    ``behind``: under strict mode, the earlier operation, not yet complete,
+    that the blocked call was queued behind (else None), and ``queued``: the
+    later ones, which could not start before the blocked call completed."""
     started, pending, waited, dropped, exited, note = {}, {}, set(), set(), False, None
+    done, strict = set(), False
     for e in events:
         ev = e["ev"]
         if ev == "begin":
             started, pending, waited, dropped, exited = {}, {}, set(), set(), False
+            done, strict = set(), e.get("strict", False)
+        elif ev == "done":
+            done.add(e["id"])
         elif ev == "start":
             started[e["id"]] = e
             if e["op"] not in ("isend", "irecv"):  # those return at once; wait() blocks
@@ -160,8 +172,14 @@ def rank_state(events: list[dict]) -> dict:
                 if c["op"] in ("isend", "irecv") and i not in waited
                 and (exited or i in dropped)]
     state = dict(state="returned" if exited else "running", call=None, since=None,
-                 unwaited=unwaited, note=note)
+                 unwaited=unwaited, note=note, behind=None, queued=[])
     if pending and not exited:
         call_id = max(pending, key=pending.get)
         state.update(state="blocked", call=started[call_id], since=pending[call_id])
+        if strict:  # NCCL's order: nothing starts before the earlier calls complete
+            incomplete = [i for i, c in sorted(started.items()) if c["op"] in P2P
+                          and i not in done and (i not in waited or i in pending)]
+            earlier = [i for i in incomplete if i < call_id]
+            state.update(behind=started[earlier[0]] if earlier else None,
+                         queued=[started[i] for i in incomplete if i > call_id])
     return state

@@ -44,40 +44,47 @@ def split_stages(model: DeepMLP, num_stages: int) -> list[nn.Sequential]:
 
 # --- lesson: notebooks/05_pipeline_parallel.ipynb (the notebook's copy must match) ---
 
-def tag(pp, stage, i, grad):
-    """A message's name: the stage it goes to, its micro-batch, direction.
-
-    gloo pairs a receive with the send of the same peer and tag only.
-    """
-    return 2 * (stage * pp.m + i) + grad
-
-
 def send(pp, tensor, stage, i, grad=False):
-    """Post micro-batch i's activation (or gradient) to ``stage``; go on.
+    """Hand over micro-batch i's activation (or gradient) for ``stage``,
+    and post the batches of the plan it completes."""
+    pp.outbox[stage, i, grad] = tensor.detach().contiguous()
+    post_ready(pp)
 
-    isend: a rank waits only for what it needs next, in ``recv``.
+
+def post_ready(pp):
+    """Post the plan's batches, in order, as far as we have made their sends.
+
+    One dist.batch_isend_irecv per moment of the ideal timeline: what this
+    rank sends then, and the receives of what its neighbours send then.
+    Every rank posts in the plan's one order, so each receive meets its send
+    even on NCCL, which has no tags and runs a group's operations one at a
+    time; and each message leaves as soon as it is made.
     """
-    with pp.tl.span("comm", "send", mb=i, stage=stage):
-        work = dist.isend(tensor.detach().contiguous(), stage % pp.world_size,
-                          group=pp.group, tag=tag(pp, stage, i, grad))
-    pp.pending.append(work)  # finished at the end of the step
+    while pp.plan and all((s, i, grad) in pp.outbox
+                          for kind, s, i, grad, _ in pp.plan[0] if kind == "send"):
+        ops, arriving = [], []
+        for kind, stage, i, grad, peer in pp.plan.pop(0):
+            if kind == "send":
+                tensor = pp.outbox.pop((stage, i, grad))
+            else:
+                tensor = torch.empty(pp.shape, device=pp.device)  # (b/m, h)
+                arriving.append(((stage, i, grad), tensor))
+            op = dist.isend if kind == "send" else dist.irecv
+            ops.append(dist.P2POp(op, tensor, peer))
+        with pp.tl.span("comm", "post", messages=len(ops)):
+            pp.batches.append(dist.batch_isend_irecv(ops))
+        for key, buffer in arriving:  # it arrives with batch number n
+            pp.posted[key] = (buffer, len(pp.batches))
 
 
-def post_receives(pp):
-    """Post every receive of the step at once (irecv), each into its buffer.
-
-    A message then lands as soon as its sender posts it, while we compute.
-    (Production schedules post only the next few: this costs m buffers of
-    one micro-batch's input per stage.)
-    """
-    for s in pp.stages:
-        for i in range(pp.m):
-            for grad, peer in ((False, s - 1), (True, s + 1)):
-                if 0 <= peer < pp.num_stages:
-                    buffer = torch.empty(pp.shape, device=pp.device)
-                    work = dist.irecv(buffer, peer % pp.world_size,
-                                      group=pp.group, tag=tag(pp, s, i, grad))
-                    pp.posted[s, i, grad] = (buffer, work)  # (b/m, h)
+def wait_for(pp, n):
+    """Wait for the first n batches posted, in order, each once: NCCL
+    completes them in that order, and gloo's requests may be waited for
+    only once."""
+    for works in pp.batches[pp.waited:n]:
+        for work in works:
+            work.wait()
+    pp.waited = max(pp.waited, n)
 
 
 def recv(pp, stage, i, grad=False):
@@ -85,9 +92,10 @@ def recv(pp, stage, i, grad=False):
 
     The time spent here is recorded on the "wait" lane: idle time.
     """
-    buffer, work = pp.posted.pop((stage, i, grad))
+    post_ready(pp)  # receives of the plan come before their sends' batches
+    buffer, n = pp.posted.pop((stage, i, grad))
     with pp.tl.span("wait", "recv", mb=i, stage=stage):
-        work.wait()
+        wait_for(pp, n)
     return buffer
 
 
@@ -99,7 +107,6 @@ def forward_step(pp, s, i):
         y = pp.stages[s](x)                                 # (b/m, h)
         if last:  # mean over the micro-batch / m: the m losses sum to
             y = F.mse_loss(y, pp.targets[i]) / pp.m  # the batch mean
-        pp.sync()
     if last:
         pp.losses.append(y.detach())
     else:
@@ -114,7 +121,6 @@ def backward_step(pp, s, i):
     dy = None if s == pp.num_stages - 1 else recv(pp, s, i, grad=True)
     with pp.tl.span("compute", "B", mb=i, stage=s):
         torch.autograd.backward(y, dy)  # adds into the stage's .grad
-        pp.sync()
     if s > 0:
         send(pp, x.grad, s - 1, i, grad=True)
 
@@ -124,7 +130,7 @@ class PipelineRank:
 
     forward, backward = forward_step, backward_step
 
-    def __init__(self, stages, x, y, m, hidden):
+    def __init__(self, stages, x, y, m, hidden, plan):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if len(stages) % self.world_size or x.shape[0] % m:
             raise ValueError(
@@ -137,49 +143,43 @@ class PipelineRank:
         self.stages = {s: stages[s] for s in mine}  # index -> module
         self.m, self.shape = m, (x.shape[0] // m, hidden)  # (b/m, h)
         self.inputs, self.targets = x.chunk(m), y.chunk(m)
-        self.device, self.tl = x.device, Timeline(self.rank)
-        self.stash, self.posted, self.pending, self.losses = {}, {}, [], []
+        # Spans end when the device's work is done (timeline, GPU too).
+        self.device, self.tl = x.device, Timeline(self.rank, x.device)
+        self.plan = list(plan)  # pipeline_sim.message_plan's batches, in order
+        self.stash, self.outbox, self.posted = {}, {}, {}
+        self.batches, self.waited, self.losses = [], 0, []
         self.peak = 0  # most micro-batches stashed at once
-        # The step's own channel: a step that fails halfway leaves posted
-        # receives behind, which must not catch the next step's messages.
-        self.group = dist.new_group()
-
-    def sync(self):
-        """On a GPU, wait for the queued kernels before reading the clock."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
 
 def run_step(schedule, x, y, m, v=1, model_kw=None, repeats=1):
     """What each rank runs: ``repeats`` steps of ``schedule``, last recorded.
 
     First the schedule is played on the ideal machine, which raises if it
-    misses a call or deadlocks. Each rank builds the whole (small, seeded)
-    model and keeps its stages; a real run builds only its own. Returns
-    this rank's gradients by parameter name, the loss (last rank), the
-    record, the peak stash, the sends and the CPU time the rank got.
+    misses a call or deadlocks, and gives the plan of its messages. Each
+    rank builds the whole (small, seeded) model and keeps its stages; a
+    real run builds only its own. Returns this rank's gradients by
+    parameter name, the loss (last rank), the record, the peak stash, the
+    sends and the CPU time the rank got.
     """
-    p = dist.get_world_size()
-    pipeline_sim.ideal_events(schedule, p, m, v)  # refuse a schedule that
-    model = DeepMLP(**(model_kw or {})).to(ls.device())  # would deadlock
+    p, rank = dist.get_world_size(), dist.get_rank()
+    plan = pipeline_sim.message_plan(schedule, p, m, v, rank)
+    model = DeepMLP(**(model_kw or {})).to(ls.device())
     stages = split_stages(model, p * v)
     x, y = x.to(ls.device()), y.to(ls.device())
     for _ in range(repeats):
         model.zero_grad(set_to_none=False)  # in place: no allocation
-        pp = PipelineRank(stages, x, y, m, hidden=model[0].out_features)
-        post_receives(pp)
-        dist.barrier(group=pp.group)  # start the step together
+        pp = PipelineRank(stages, x, y, m, model[0].out_features, plan)
+        dist.barrier()  # start the step together
         cpu = time.thread_time()
         schedule(pp)
-        for work in pp.pending:
-            work.wait()
+        wait_for(pp, len(pp.batches))  # the step's last sends too
         cpu = time.thread_time() - cpu
-        dist.destroy_process_group(pp.group)
     grads = {n: q.grad for n, q in model.named_parameters()
              if q.grad is not None}
     loss = torch.stack(pp.losses).sum() if pp.losses else None
+    sends = sum(k == "send" for batch in plan for k, *_ in batch)
     return dict(grads=grads, loss=loss, events=pp.tl.events, peak=pp.peak,
-                cpu=cpu, messages=len(pp.pending))
+                cpu=cpu, messages=sends)
 
 
 def train_step_naive(pp):

@@ -22,11 +22,14 @@ import torch.distributed as dist
 def exchange(send_buf, dst, recv_buf, src):
     """Send one buffer and receive another at the same time.
 
-    Posting both before waiting on either is what keeps a ring from
-    deadlocking: every rank sends right while it receives from the left.
+    Both in one batch_isend_irecv, which lets them progress together: that
+    is what keeps a ring from deadlocking, every rank sending right while it
+    receives from the left. (On gloo an isend and an irecv posted one after
+    the other would do; NCCL runs unbatched ones one at a time, in order.)
     """
-    works = [dist.isend(send_buf, dst), dist.irecv(recv_buf, src)]
-    for work in works:
+    ops = [dist.P2POp(dist.isend, send_buf, dst),
+           dist.P2POp(dist.irecv, recv_buf, src)]
+    for work in dist.batch_isend_irecv(ops):
         work.wait()
 
 
@@ -69,7 +72,7 @@ def ring_allreduce_simple(tensor):
 
 
 SEGMENT_BYTES = 2**21  # 2 MiB: fewer, larger messages pay alpha less often
-WINDOW = 4  # receives posted ahead, so the next segments are on their way
+WINDOW = 4  # exchanges in flight, so the next segments are on their way
 
 
 def arrivals(chunks, rank, seg):
@@ -86,33 +89,42 @@ def arrivals(chunks, rank, seg):
             for part in chunks[(rank - step - 2) % world_size].split(seg)]
 
 
-def post_receive(inbox, i, scratch, src):
-    """Post arrival i: reduce-scatter segments land in a scratch slot, to be
-    added; all-gather segments straight in the tensor, where they belong."""
+def landing(inbox, i, scratch):
+    """Where arrival i lands: a scratch slot (reduce-scatter: to be added),
+    or straight in the tensor (all-gather: where it belongs). Safe although
+    sends of that chunk may be in flight: its finished sum can only arrive
+    after our own part of it has left."""
     step, part = inbox[i]
-    if step < dist.get_world_size() - 1:  # reduce-scatter
-        return dist.irecv(scratch[i % WINDOW, :part.numel()], src)
-    # Safe although sends of this chunk may be in flight: its finished sum
-    # can only arrive after our own part of it has left.
-    return dist.irecv(part, src)
+    if step < dist.get_world_size() - 1:
+        return scratch[i % WINDOW, :part.numel()]
+    return part
 
 
-def pass_along(inbox, sends, scratch, right, left):
-    """Take each arrival in turn: add it (reduce-scatter), send it on at once
-    (every step but the last), and post the receive WINDOW arrivals ahead."""
-    world_size = dist.get_world_size()
-    pending = [post_receive(inbox, i, scratch, left)
-               for i in range(min(WINDOW, len(inbox)))]
-    for i, (step, part) in enumerate(inbox):
-        pending.pop(0).wait()
-        if step < world_size - 1:  # reduce-scatter: add what arrived
-            part += scratch[i % WINDOW, :part.numel()]
-        if step < 2 * world_size - 3:  # step+1 sends it on, right away
-            sends.append(dist.isend(part, right))
-        if i + WINDOW < len(inbox):  # scratch slot i % WINDOW is free again
-            pending.append(post_receive(inbox, i + WINDOW, scratch, left))
-    for work in sends:
+def finish(inbox, i, works, scratch):
+    """Wait for exchange i; in the reduce-scatter, add what arrived."""
+    for work in works:
         work.wait()
+    if i < len(inbox) and inbox[i][0] < dist.get_world_size() - 1:
+        part = inbox[i][1]
+        part += scratch[i % WINDOW, :part.numel()]
+
+
+def pass_along(inbox, outbox, scratch, right, left, ahead):
+    """Exchange i sends outbox[i] right and receives inbox[i] from the left,
+    in one batch; ``ahead`` exchanges are in flight at a time. Outbox entry
+    i is the arrival of exchange i - ahead or earlier, finished by then."""
+    in_flight = []  # (i, works), oldest first
+    for i in range(max(len(inbox), len(outbox))):
+        ops = []
+        if i < len(outbox):
+            ops.append(dist.P2POp(dist.isend, outbox[i], right))
+        if i < len(inbox):
+            ops.append(dist.P2POp(dist.irecv, landing(inbox, i, scratch), left))
+        in_flight.append((i, dist.batch_isend_irecv(ops)))
+        if len(in_flight) == ahead:
+            finish(inbox, *in_flight.pop(0), scratch)
+    for i, works in in_flight:
+        finish(inbox, i, works, scratch)
 
 
 def ring_allreduce(tensor, segment_bytes=SEGMENT_BYTES):
@@ -135,10 +147,13 @@ def ring_allreduce(tensor, segment_bytes=SEGMENT_BYTES):
     seg = max(1, min(segment_bytes // tensor.element_size(), len(chunks[0])))
     scratch = tensor.new_empty(WINDOW, seg)  # (WINDOW, seg), once per call
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
-    # Both neighbours post in the same order, so receives match sends.
-    sends = [dist.isend(p, right)  # step 0: our own chunk rank-1
-             for p in chunks[(rank - 1) % world_size].split(seg)]
-    pass_along(arrivals(chunks, rank, seg), sends, scratch, right, left)
+    inbox = arrivals(chunks, rank, seg)
+    own = chunks[(rank - 1) % world_size].split(seg)  # step 0 sends these
+    # Every later step sends on what the step before received; both
+    # neighbours go in the same order, so receives match sends.
+    outbox = [*own, *(p for step, p in inbox if step < 2 * world_size - 3)]
+    ahead = max(1, min(WINDOW, len(own)))  # sends wait for their arrival
+    pass_along(inbox, outbox, scratch, right, left, ahead)
     return tensor
 
 

@@ -75,10 +75,15 @@ def block_mask(q_pos, k_pos, causal, seq_len):
 
 
 def ring_exchange(send, recv):
-    """Post the send of ``send`` to the right and the receive from the left."""
+    """Post the send of ``send`` to the right and the receive from the left.
+
+    One batch, so that the two progress together (on NCCL too, which runs
+    unbatched sends and receives one at a time); wait on what it returns.
+    """
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    return [dist.isend(send, (rank + 1) % world_size),
-            dist.irecv(recv, (rank - 1) % world_size)]
+    return dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, send, (rank + 1) % world_size),
+        dist.P2POp(dist.irecv, recv, (rank - 1) % world_size)])
 
 
 def timed(tl, lane, name, **extra):
@@ -90,8 +95,8 @@ def timed(tl, lane, name, **extra):
 
 def record_since(tl, lane, name, start, **extra):
     """Record an event from ``start`` to now on the Timeline, if any."""
-    if tl is not None:
-        tl.record(lane, name, start, time.perf_counter(), **extra)
+    if tl is not None:  # now: once the device has done its work
+        tl.record(lane, name, start, tl.now(), **extra)
 
 
 def ring_forward(q, k, v, causal=False, seq_len=None, overlap=True, tl=None):

@@ -26,6 +26,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from labsupport import timing
+
 BUSBW_FACTOR = {  # N -> factor (nccl-tests, doc/PERFORMANCE.md)
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
@@ -138,7 +140,6 @@ def make_call(op, nbytes, dtype, device):
     big = torch.ones(numel, dtype=dtype, device=device)
     small, out = big[: numel // n].clone(), torch.empty_like(big)
     shares = list(big.chunk(n)) if rank == 0 else None  # the root's N shares
-    sync = torch.cuda.synchronize if big.is_cuda else (lambda: None)
     call = {
         "all_reduce": lambda: dist.all_reduce(big),
         "all_gather": lambda: dist.all_gather_single(big, small),
@@ -154,7 +155,7 @@ def make_call(op, nbytes, dtype, device):
 
     def run_once():
         call()
-        sync()  # on a GPU the call only queued the work
+        timing.sync(big.device)  # on a GPU the call only queued the work
     return run_once
 
 

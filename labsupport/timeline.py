@@ -1,17 +1,20 @@
 """Record what each rank does and when, and draw it as a Gantt chart (the book's only one).
 
-    tl = Timeline()                          # on a rank
+    tl = Timeline(device=x.device)           # on a rank
     with tl.span("compute", "F", mb=0):      # a forward of micro-batch 0
         y = stage(x)
-    tl.record("comm", "send", start, end)    # a span timed elsewhere (e.g. async work)
+    tl.record("comm", "send", start, tl.now())  # a span timed elsewhere (e.g. async work)
     return tl.events                         # back to the notebook, one list per rank
 
 All ranks of a group run on one machine, and ``time.perf_counter`` reads the
 same monotonic clock in every process (CLOCK_MONOTONIC on Linux), so the
 events of different ranks share one time axis without any synchronisation.
+With a GPU ``device``, a span ends when the GPU has done its work, not when
+the host has queued it (``labsupport.timing``).
 """
 import contextlib
-import time
+
+from labsupport import timing
 
 LANES = ("compute", "comm", "wait")
 
@@ -19,12 +22,16 @@ LANES = ("compute", "comm", "wait")
 class Timeline:
     """A rank's list of events: dicts with lane, name, start, end (seconds) and extras."""
 
-    def __init__(self, rank: int | None = None):
+    def __init__(self, rank: int | None = None, device=None):
         if rank is None:
             import torch.distributed as dist
             rank = dist.get_rank() if dist.is_initialized() else 0
-        self.rank = rank
+        self.rank, self.device = rank, device  # device: whose work the spans time
         self.events: list[dict] = []
+
+    def now(self) -> float:
+        """The clock of the spans: perf_counter, once the device's work is done."""
+        return timing.now(self.device)
 
     def record(self, lane: str, name: str, start: float, end: float, **extra):
         if lane not in LANES:
@@ -36,11 +43,11 @@ class Timeline:
     @contextlib.contextmanager
     def span(self, lane: str, name: str, **extra):
         """Time the block as one event."""
-        start = time.perf_counter()
+        start = self.now()
         try:
             yield
         finally:
-            self.record(lane, name, start, time.perf_counter(), **extra)
+            self.record(lane, name, start, self.now(), **extra)
 
 
 def merge(events_by_rank: list[list[dict]]) -> list[dict]:

@@ -13,8 +13,9 @@ B and W for one stage, and a schedule: the order of ``pp.forward``,
 solution lives only in the instructors' source notebook
 (notebooks/assignments/source/zero_bubble_pipeline), never here.
 
-The harness is chapter 5's (``labsupport.pipeline``: tags, posted
-receives, sends, ``PipelineRank``). With the student's B and W, the stage's
+The harness is chapter 5's (``labsupport.pipeline``: the plan of messages
+from the ideal machine, each batch posted once its sends are made,
+``PipelineRank``). With the student's B and W, the stage's
 Linear layers run on detached weights, so that autograd can only give
 dL/dx and each layer's dL/dz, and W must compute the weight gradients
 itself. Without them (``fns=None``: the checks that grade the schedule
@@ -30,6 +31,7 @@ book/instructors.md says why and what margin the checks need. The checks
 are in ``labsupport.grading.zero_bubble_pipeline``.
 """
 import contextlib
+import threading
 import time
 
 import torch
@@ -37,7 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from labsupport import models, pipeline
+from labsupport import models, pipeline, pipeline_sim
 
 MODEL_KW = dict(d_in=32, width=64, depth=9, d_out=8, seed=0)
 ROWS = 8  # samples per micro-batch
@@ -68,23 +70,23 @@ class ZBRank(pipeline.PipelineRank):
     ``fns``: the student's (input_grad, weight_grad), or None for autograd's.
     """
 
-    def __init__(self, stages, x, y, m, hidden, fns, unit):
-        super().__init__(stages, x, y, m, hidden)
+    def __init__(self, stages, x, y, m, hidden, plan, fns, unit):
+        super().__init__(stages, x, y, m, hidden, plan)
         self.fns, self.unit, self.wstash, self.ran = fns, unit, {}, []
 
     @contextlib.contextmanager
     def compute(self, name, s, i, units=1):
-        start = time.perf_counter()
+        start = self.tl.now()  # the device's clock (labsupport.timing)
         yield
-        rest = units * self.unit - (time.perf_counter() - start)
+        rest = units * self.unit - (self.tl.now() - start)
         if rest > 0:
             time.sleep(rest)
-        self.tl.record("compute", name, start, time.perf_counter(), mb=i, stage=s)
+        self.tl.record("compute", name, start, self.tl.now(), mb=i, stage=s)
         self.ran.append((name, s, i))
 
     def forward(self, s, i):
         last = s == self.num_stages - 1
-        x = self.inputs[i] if s == 0 else pipeline.recv(self, s, i)
+        x = self.inputs[i] if s == 0 else self.recv(s, i)
         x = x.detach().requires_grad_()
         with self.compute("F", s, i):
             h, layers = x, []
@@ -106,7 +108,7 @@ class ZBRank(pipeline.PipelineRank):
 
     def backward_input(self, s, i):
         x, y, layers = self.stash.pop((s, i))
-        dy = None if s == self.num_stages - 1 else pipeline.recv(self, s, i, grad=True)
+        dy = None if s == self.num_stages - 1 else self.recv(s, i, grad=True)
         with self.compute("B", s, i):
             dx, for_w = self._input_grad(s, x, y, dy, layers)
         if s > 0:
@@ -124,7 +126,7 @@ class ZBRank(pipeline.PipelineRank):
     def backward(self, s, i):
         """The chapter's backward, B and W at once (2 units); dx sent after both."""
         x, y, layers = self.stash.pop((s, i))
-        dy = None if s == self.num_stages - 1 else pipeline.recv(self, s, i, grad=True)
+        dy = None if s == self.num_stages - 1 else self.recv(s, i, grad=True)
         with self.compute("B", s, i, units=2):
             dx, for_w = self._input_grad(s, x, y, dy, layers)
             self._weight_grad(s, i, for_w)
@@ -154,6 +156,14 @@ class ZBRank(pipeline.PipelineRank):
             raise AssertionError(f"{_name(self.fns[1])} left every .grad of stage {s} "
                                  f"unchanged (micro-batch {i}): W must add dz^T h and "
                                  "dz.sum(0) into each Linear's weight.grad and bias.grad")
+
+    def recv(self, s, i, grad=False):
+        """Chapter 5's recv; under a plan of calls as written (a schedule that
+        deadlocks), a message no batch can bring yet is waited for forever."""
+        pipeline.post_ready(self)
+        if (s, i, grad) not in self.posted:
+            threading.Event().wait()  # the deadline stops this rank
+        return pipeline.recv(self, s, i, grad)
 
     def _grads(self, s):
         return [q.grad.clone() for q in self.stages[s].parameters()]
@@ -197,17 +207,41 @@ class Step:
         for q in model.parameters():
             q.grad = torch.zeros_like(q)
         x, y = data(m)
-        pp = ZBRank(pipeline.split_stages(model, p), x, y, m, MODEL_KW["width"], fns, unit)
-        pipeline.post_receives(pp)
-        dist.barrier(group=pp.group)  # start the step together
+        pp = ZBRank(pipeline.split_stages(model, p), x, y, m, MODEL_KW["width"],
+                    _plan(schedule, p, m), fns, unit)
+        dist.barrier()  # start the step together
         schedule(pp)
-        for work in pp.pending:
-            work.wait()
-        dist.destroy_process_group(pp.group)
+        pipeline.wait_for(pp, len(pp.batches))  # the step's last sends too
         own = {id(q) for stage in pp.stages.values() for q in stage.parameters()}
         grads = {n: q.grad for n, q in model.named_parameters() if id(q) in own}
         loss = torch.stack(pp.losses).sum() if pp.losses else None
         return dict(grads=grads, loss=loss, events=pp.tl.events, peak=pp.peak, ran=pp.ran)
+
+
+def _plan(schedule, p, m):
+    """Chapter 5's plan of messages; for a schedule that deadlocks on the ideal
+    machine, its calls as written, so that it hangs where it would and the
+    grader's deadline explains it. Only F and B carry messages: the plan is
+    made from them alone, so a schedule whose W's are wrong still runs and is
+    graded on them."""
+    rank, f_and_b = dist.get_rank(), (lambda pp: schedule(_WithoutW(pp)))
+    try:
+        return pipeline_sim.message_plan(f_and_b, p, m, 1, rank)
+    except RuntimeError:  # pipeline_sim: "deadlock: ..."
+        return pipeline_sim.message_plan(f_and_b, p, m, 1, rank, as_written=True)
+
+
+class _WithoutW:
+    """A schedule's pp with its W calls dropped (they send nothing)."""
+
+    def __init__(self, pp):
+        self._pp = pp
+
+    def backward_weight(self, s, i):
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._pp, name)
 
 
 def data(m):

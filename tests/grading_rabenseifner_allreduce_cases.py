@@ -18,8 +18,10 @@ def alltoall_reduce_scatter(tensor):
     """Right sums: the whole tensor goes to every other rank, (N-1)*S bytes, N-1 rounds."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     received = [torch.empty_like(tensor) for _ in range(world_size)]
-    requests = [dist.isend(tensor.clone(), peer) for peer in range(world_size) if peer != rank]
-    requests += [dist.irecv(received[peer], peer) for peer in range(world_size) if peer != rank]
+    others = [peer for peer in range(world_size) if peer != rank]
+    requests = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, tensor.clone(), peer) for peer in others]
+        + [dist.P2POp(dist.irecv, received[peer], peer) for peer in others])
     for request in requests:
         request.wait()
     for peer in range(world_size):
@@ -32,8 +34,10 @@ def direct_reduce_scatter(tensor):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     chunks = tensor.tensor_split(world_size)
     received = [torch.empty_like(chunks[rank]) for _ in range(world_size)]
-    requests = [dist.isend(chunks[peer], peer) for peer in range(world_size) if peer != rank]
-    requests += [dist.irecv(received[peer], peer) for peer in range(world_size) if peer != rank]
+    others = [peer for peer in range(world_size) if peer != rank]
+    requests = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, chunks[peer], peer) for peer in others]
+        + [dist.P2POp(dist.irecv, received[peer], peer) for peer in others])
     for request in requests:
         request.wait()
     for peer in range(world_size):

@@ -9,8 +9,9 @@ import torch.distributed as dist
 
 
 def exchange(chunks, send_i, recv_into, rank, world_size):
-    requests = [dist.isend(chunks[send_i], (rank + 1) % world_size),
-                dist.irecv(recv_into, (rank - 1) % world_size)]
+    requests = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, chunks[send_i], (rank + 1) % world_size),
+        dist.P2POp(dist.irecv, recv_into, (rank - 1) % world_size)])
     for request in requests:
         request.wait()
 
@@ -69,8 +70,10 @@ def direct_all_gather(tensor):
     """Each rank sends its chunk straight to every other rank: a ring's bytes, not a ring."""
     rank, n = dist.get_rank(), dist.get_world_size()
     chunks = tensor.tensor_split(n)
-    requests = [dist.isend(chunks[rank], peer) for peer in range(n) if peer != rank]
-    requests += [dist.irecv(chunks[peer], peer) for peer in range(n) if peer != rank]
+    others = [peer for peer in range(n) if peer != rank]
+    requests = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, chunks[rank], peer) for peer in others]
+        + [dist.P2POp(dist.irecv, chunks[peer], peer) for peer in others])
     for request in requests:
         request.wait()
 
@@ -106,8 +109,9 @@ def unwaited_recv_reduce_scatter(tensor):
     for step in range(n - 1):
         recv_i = (rank - step - 2) % n
         received = torch.zeros_like(chunks[recv_i])
-        sending = dist.isend(chunks[(rank - step - 1) % n], (rank + 1) % n)
-        dist.irecv(received, (rank - 1) % n)
+        sending, _ = dist.batch_isend_irecv([  # the receive's request dropped
+            dist.P2POp(dist.isend, chunks[(rank - step - 1) % n], (rank + 1) % n),
+            dist.P2POp(dist.irecv, received, (rank - 1) % n)])
         sending.wait()
         chunks[recv_i].add_(received)
 

@@ -44,10 +44,12 @@ def _ring(q, k, v, positions, plan, merge=lse_merge, blocking=False, extra=None)
                 dist.send(kv, (rank + 1) % n)
                 dist.recv(incoming, (rank - 1) % n)
             else:
-                requests = [dist.isend(kv, (rank + 1) % n), dist.irecv(incoming, (rank - 1) % n)]
+                ops = [dist.P2POp(dist.isend, kv, (rank + 1) % n),
+                       dist.P2POp(dist.irecv, incoming, (rank - 1) % n)]
                 if extra is not None:
-                    requests.append(dist.isend(extra, (rank + 1) % n))
-                    requests.append(dist.irecv(torch.empty_like(extra), (rank - 1) % n))
+                    ops.append(dist.P2POp(dist.isend, extra, (rank + 1) % n))
+                    ops.append(dist.P2POp(dist.irecv, torch.empty_like(extra), (rank - 1) % n))
+                requests = dist.batch_isend_irecv(ops)
         picked = plan(rank, src, half)
         if picked is not None:
             rows, keys = picked

@@ -53,28 +53,37 @@ def _p2p():
     rank = dist.get_rank()
     right, left = (rank + 1) % 4, (rank - 1) % 4
     pair = [dist.new_group(r) for r in ([0, 1], [2, 3])][rank // 2]
+    first = rank % 2 == 0  # NCCL's rules: in each pair one side sends first
+    other, peer = rank + 1 if first else rank - 1, 1 - dist.get_rank(pair)
     t, got = torch.ones(3), torch.empty(3)
     with calls.record() as log:
         ops = [dist.P2POp(dist.isend, t, right), dist.P2POp(dist.irecv, got, left)]
         for req in dist.batch_isend_irecv(ops):
             req.wait()
-        other = (rank // 2) * 2 + (1 - rank % 2)  # the partner inside the pair group
-        req = dist.isend(t, group=pair, group_dst=1 - dist.get_rank(pair))
-        dist.recv(got, group=pair, group_src=1 - dist.get_rank(pair))
-        req.wait()
-        dropped = dist.irecv(got, src=other)    # never waited for ...
-        unwaited = [c["op"] for c in log.unwaited()]
-        dist.send(t, other)                     # ... though its message arrives
-        dropped.wait()
+        if first:  # a send and a receive in the pair's group, by group rank
+            dist.isend(t, group=pair, group_dst=peer).wait()
+            dist.recv(got, group=pair, group_src=peer)
+        else:
+            dist.recv(got, group=pair, group_src=peer)
+            dist.isend(t, group=pair, group_dst=peer).wait()
+        pending = dist.irecv(got, src=other) if first else dist.send(t, other)
+        unwaited = [c["op"] for c in log.unwaited()]  # the irecv, not waited for yet
+        if first:
+            pending.wait()
     return [(c["op"], c["peer"], c["batch"] is not None) for c in log.calls], unwaited, other
 
 
 def test_point_to_point_calls_record_global_peers_and_what_was_not_waited_for(cluster):
     for rank, (got, unwaited, other) in enumerate(cluster.run(_p2p)):
-        assert got == [("isend", (rank + 1) % 4, True), ("irecv", (rank - 1) % 4, True),
-                       ("isend", other, False), ("recv", other, False),
-                       ("irecv", other, False), ("send", other, False)]
-        assert unwaited == ["irecv"]
+        batch = [("isend", (rank + 1) % 4, True), ("irecv", (rank - 1) % 4, True)]
+        if rank % 2 == 0:
+            assert got == batch + [("isend", other, False), ("recv", other, False),
+                                   ("irecv", other, False)]
+            assert unwaited == ["irecv"]
+        else:
+            assert got == batch + [("recv", other, False), ("isend", other, False),
+                                   ("send", other, False)]
+            assert unwaited == []
 
 
 def _in_backward():

@@ -71,16 +71,18 @@ def all_reduce_p2p(tensor, add_own=True):
     chunks = tensor.view(-1).tensor_split(world_size)
     others = [r for r in range(world_size) if r != rank]
     incoming = {r: torch.empty_like(chunks[rank]) for r in others}
-    works = [dist.isend(chunks[r], r) for r in others]
-    works += [dist.irecv(incoming[r], r) for r in others]
+    works = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, chunks[r], r) for r in others]
+        + [dist.P2POp(dist.irecv, incoming[r], r) for r in others])
     for work in works:
         work.wait()
     total = chunks[rank].clone() if add_own else torch.zeros_like(chunks[rank])
     for r in others:
         total += incoming[r]
     chunks[rank].copy_(total)
-    works = [dist.isend(chunks[rank], r) for r in others]
-    works += [dist.irecv(chunks[r], r) for r in others]
+    works = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, chunks[rank], r) for r in others]
+        + [dist.P2POp(dist.irecv, chunks[r], r) for r in others])
     for work in works:
         work.wait()
     return tensor
@@ -95,7 +97,9 @@ def all_reduce_whole_to_everyone(tensor):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     others = [r for r in range(world_size) if r != rank]
     incoming = {r: torch.empty_like(tensor) for r in others}
-    works = [dist.isend(tensor, r) for r in others] + [dist.irecv(incoming[r], r) for r in others]
+    works = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, tensor, r) for r in others]
+        + [dist.P2POp(dist.irecv, incoming[r], r) for r in others])
     for work in works:
         work.wait()
     for r in others:

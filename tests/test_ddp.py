@@ -359,3 +359,59 @@ def test_the_step_time_table_is_masked_for_nbval_and_nothing_else():
         sanitize("  naive       12.50x DDP, took 9.1 ms")
     for kept in ("naive       18  1,884,192", "N = 4: DDP fp16 sends 1,416,600 bytes", "bucket 2x"):
         assert sanitize(kept) == kept
+
+
+def unused_then_full_steps():
+    """A bucketed model whose first backward misses a layer, then two full steps."""
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    model = ddp.DataParallelBucket(layers, bucket_size=2**20)  # one bucket for all
+    model.module[0](torch.ones(1, 2)).sum().backward()       # layer 1 unused
+    try:
+        model.sync_gradients()
+    except RuntimeError as exc:
+        error = str(exc)
+    grads = []
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        model(torch.ones(1, 2) * (dist.get_rank() + 1)).sum().backward()
+        model.sync_gradients()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return error, grads
+
+
+def test_a_bucketed_step_that_failed_leaves_nothing_behind_for_the_next():
+    error, grads = ls.run(unused_then_full_steps, world_size=2)[0]
+    assert "only 0 of 1 buckets were all-reduced" in error
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    layers(torch.ones(1, 2) * 1.5).sum().backward()  # the mean of the two ranks' inputs
+    for step in grads:
+        for got, param in zip(step, layers.parameters()):
+            torch.testing.assert_close(got, param.grad)
+
+
+def wrapped_twice():
+    module = new_model()
+    first = ddp.DataParallelOverlap(module)
+    try:
+        ddp.DataParallelBucket(module)
+    except ValueError as exc:
+        refused = str(exc)
+    first.close()  # hooks removed: the module may be wrapped again
+    second = ddp.DataParallelOverlap(module)
+    x, y = batches(1)[0]
+    F.mse_loss(second(x), y).backward()
+    second.sync_gradients()
+    return refused, [p.grad.clone() for p in module.parameters()]
+
+
+def test_a_module_is_wrapped_once_and_close_removes_the_hooks():
+    refused, grads = ls.run(wrapped_twice, world_size=2)[0]
+    assert "already wrapped for data parallelism" in refused and "close()" in refused
+    model = new_model()
+    x, y = batches(1)[0]
+    F.mse_loss(model(x), y).backward()  # every rank had the same batch: its mean is it
+    for got, param in zip(grads, model.parameters()):
+        torch.testing.assert_close(got, param.grad, **TOL)
+    ls.shutdown()

@@ -36,10 +36,16 @@ class FakeProbe:
                 "results": results}
 
 
-def run(ranks=2, facts=CPU, shm=8 * GIB, ncores=8, probe=None, deadline=5.0):
+def chapters_fine(world_size, timeout):
+    """Stands for doctor_kernel.kernel_probe: what every rank got, right."""
+    return [(world_size * (world_size + 1) / 2, (r - 1) % world_size) for r in range(world_size)]
+
+
+def run(ranks=2, facts=CPU, shm=8 * GIB, ncores=8, probe=None, deadline=5.0,
+        kernel=chapters_fine):
     probe = probe or FakeProbe()
     checks = doctor.diagnose(ranks, deadline, facts=lambda: dict(facts), shm=lambda: shm,
-                             ncores=lambda: ncores, probe=probe)
+                             ncores=lambda: ncores, probe=probe, kernel=kernel)
     out = io.StringIO()
     ok = doctor.report(checks, out)
     return ok, {c.name: c for c in checks}, out.getvalue(), probe
@@ -54,7 +60,7 @@ def test_the_real_doctor_on_this_machine_says_ready_and_starts_ranks():
     lines = out.stdout.splitlines()
     assert lines[0] == "labsupport doctor"
     for name in ("Python", "torch", "GPUs", "NCCL", "/dev/shm", "cores per rank",
-                 "ranks + all-reduce (gloo, 2 ranks)"):
+                 "ranks + all-reduce (gloo, 2 ranks)", "kernel: CPU, batched p2p (2 ranks)"):
         assert any(line[8:].startswith(name) for line in lines[1:]), name
     assert "gloo: started in" in out.stdout
     assert lines[-1].startswith("verdict: ready")
@@ -127,3 +133,24 @@ def test_more_ranks_than_cores_a_cpu_torch_with_gpus_asked_for_and_bad_input():
     assert checks["GPUs"].status == "fail" and probe.calls == [(2, "gloo")]
     with pytest.raises(ValueError, match="ranks must be a positive int"):
         doctor.diagnose(0)
+
+
+def test_the_chapters_own_operations_from_a_kernel_fail_with_what_to_do():
+    # What a plain "nccl" group did to every grader: no backend for CPU tensors.
+    def nccl_only(world_size, timeout):
+        raise RuntimeError("No backend type associated with device type cpu")
+    ok, checks, text, _ = run(facts=H100S, kernel=nccl_only)
+    check = checks["kernel: CPU, batched p2p (2 ranks)"]
+    assert not ok and check.status == "fail"
+    assert check.value == "RuntimeError: No backend type associated with device type cpu"
+    assert "a plain 'nccl' process group has no CPU backend" in check.fix
+    ok, checks, _, _ = run(kernel=lambda n, t: [(3.0, 1.0), (3.0, 1.0)])  # rank 1 got itself
+    assert not ok and checks["kernel: CPU, batched p2p (2 ranks)"].value.startswith(
+        "wrong results [(3.0, 1.0), (3.0, 1.0)] (want [(3.0, 1.0), (3.0, 0.0)])")
+    release = threading.Event()
+    try:  # a batched send and receive that hang
+        ok, checks, _, _ = run(kernel=lambda n, t: release.wait(30), deadline=0.5)
+    finally:
+        release.set()
+    assert checks["kernel: CPU, batched p2p (2 ranks)"].value == \
+        "TimeoutError: no answer within 0.5 s"

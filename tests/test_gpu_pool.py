@@ -147,8 +147,9 @@ def test_labsupport_puts_a_users_ranks_on_the_gpus_the_pool_left_visible(monkeyp
     visible = bob.environment["CUDA_VISIBLE_DEVICES"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     fake_cuda(monkeypatch)
+    monkeypatch.setenv(placement.ENV, "auto")  # the suite's default is gloo
     on_gpus = placement.place(2)
-    assert (on_gpus.backend, on_gpus.devices) == ("nccl", ("cuda:0", "cuda:1"))
+    assert (on_gpus.backend, on_gpus.devices) == (placement.GPU_BACKEND, ("cuda:0", "cuda:1"))
     # cuda:i is the i-th GPU CUDA_VISIBLE_DEVICES lists: bob's own, never alice's.
     physical = [visible.split(",")[int(d.split(":")[1])] for d in on_gpus.devices]
     assert physical == ["2", "3"]

@@ -138,8 +138,9 @@ RING = {  # chapter 2's ring, under the names of this assignment
                 send_i = (rank - step - 1) % world_size
                 recv_i = (rank - step - 2) % world_size
                 received = torch.empty_like(chunks[recv_i])
-                requests = [dist.isend(chunks[send_i], dst=right),
-                            dist.irecv(received, src=left)]
+                requests = dist.batch_isend_irecv([
+                    dist.P2POp(dist.isend, chunks[send_i], right),
+                    dist.P2POp(dist.irecv, received, left)])
                 for request in requests:
                     request.wait()
                 chunks[recv_i].add_(received)"""),
@@ -151,8 +152,9 @@ RING = {  # chapter 2's ring, under the names of this assignment
             for step in range(world_size - 1):
                 send_i = (rank - step) % world_size
                 recv_i = (rank - step - 1) % world_size
-                requests = [dist.isend(chunks[send_i], dst=right),
-                            dist.irecv(chunks[recv_i], src=left)]
+                requests = dist.batch_isend_irecv([
+                    dist.P2POp(dist.isend, chunks[send_i], right),
+                    dist.P2POp(dist.irecv, chunks[recv_i], left)])
                 for request in requests:
                     request.wait()"""),
 }

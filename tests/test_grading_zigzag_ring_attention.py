@@ -98,8 +98,9 @@ def zigzag_ring_attention(q, k, v):
         src = (rank - step) % world_size
         incoming, requests = torch.empty_like(kv), []
         if step < world_size - 1:
-            requests = [dist.isend(kv, (rank + 1) % world_size),
-                        dist.irecv(incoming, (rank - 1) % world_size)]
+            requests = dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, kv, (rank + 1) % world_size),
+                dist.P2POp(dist.irecv, incoming, (rank - 1) % world_size)])
         if src <= rank:
             k_pos = torch.arange(src * c, (src + 1) * c)
             o, l = block_attention(q, kv[0], kv[1], k_pos[None, :] <= q_pos[:, None])
@@ -110,8 +111,9 @@ def zigzag_ring_attention(q, k, v):
     return out
 '''.strip()
 AVERAGE = "def average_merge(out, lse, o, l):\n    return (out + o) / 2, torch.logaddexp(lse, l)\n\n\n"
-SENDS = ("requests = [dist.isend(kv, (rank + 1) % world_size),\n"
-         "                        dist.irecv(incoming, (rank - 1) % world_size)]")
+SENDS = ("requests = dist.batch_isend_irecv([\n"
+         "                dist.P2POp(dist.isend, kv, (rank + 1) % world_size),\n"
+         "                dist.P2POp(dist.irecv, incoming, (rank - 1) % world_size)])")
 BLOCKING = ("dist.send(kv, (rank + 1) % world_size)\n"
             "            dist.recv(incoming, (rank - 1) % world_size)")
 # name -> {grade_id: that cell's source, or a function applied to the reference's};

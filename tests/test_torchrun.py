@@ -19,7 +19,8 @@ SCRIPT = textwrap.dedent('''
         """All-reduce a rank-dependent tensor; report where it ran."""
         t = torch.arange(n, dtype=torch.float32, device=ls.device()) * (dist.get_rank() + 1)
         dist.all_reduce(t)
-        return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "sum": t.tolist()}
+        return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "sum": t.tolist(),
+                "backend": ls.backend_of(), "strict": ls.strict_p2p.active()}
 
     if __name__ == "__main__":
         result = ls.main(scaled_sum, 4)
@@ -41,7 +42,8 @@ def test_a_function_gives_the_same_results_under_torchrun_and_ls_run(tmp_path, m
     module = importlib.import_module("scaled_sum_script")
     from_notebook = ls.run(module.scaled_sum, 4, world_size=2)
     assert under_torchrun == from_notebook
-    assert from_notebook[1] == {"rank": 1, "world_size": 2, "sum": [0.0, 3.0, 6.0, 9.0]}
+    assert from_notebook[1] == {"rank": 1, "world_size": 2, "sum": [0.0, 3.0, 6.0, 9.0],
+                                "backend": "gloo", "strict": True}  # the suite runs strict
     ls.shutdown()
 
 

@@ -38,8 +38,10 @@ def _counted(fn, *args):
 def _isend_irecv_ring(numel):
     rank, n = dist.get_rank(), dist.get_world_size()
     x, y = torch.ones(numel), torch.empty(numel)
-    with traffic.count() as t:
-        works = [dist.isend(x, (rank + 1) % n), dist.irecv(y, (rank - 1) % n)]
+    with traffic.count() as t:  # even ranks send first, odd ones receive first:
+        send = lambda: dist.isend(x, (rank + 1) % n)  # noqa: E731  a matched order
+        recv = lambda: dist.irecv(y, (rank - 1) % n)  # noqa: E731  (NCCL's rules too)
+        works = [send(), recv()] if rank % 2 == 0 else [recv(), send()]
         for w in works:
             w.wait()
     return t.sent, t.received, t.calls

@@ -29,7 +29,10 @@ def _describe_rank(rank, states, stuck, now) -> str:
                 "code (an endless loop?).")
     call, waited = st["call"], now - st["since"]
     op, peer, what = call["op"], call["peer"], call["what"]
-    if op in p2p_log.COLLECTIVES:
+    queued = _queued(st["behind"])
+    if op in p2p_log.COLLECTIVES or op == "barrier":
+        if queued:
+            return f"rank {rank} waited {waited:.0f} s in dist.{op}{queued}." + never
         ranks = call.get("ranks")
         whose = "every rank" if not ranks else f"every rank of its group, {list(ranks)},"
         return f"rank {rank} waited {waited:.0f} s in dist.{op}, which {whose} must call."
@@ -38,9 +41,30 @@ def _describe_rank(rank, states, stuck, now) -> str:
         whose = f"{source}'s {what}" if what.startswith("chunk") else f"{what} from {source}"
         head = f"rank {rank} waited {waited:.0f} s for {whose} (dist.{op})"
     else:
-        head = (f"rank {rank} waited {waited:.0f} s in dist.{op} of its {what} to rank {peer}, "
-                "which had not posted the matching receive")
-    return head + _peer_state(peer, states, stuck, op) + "." + never
+        head = (f"rank {rank} waited {waited:.0f} s in dist.{op} of its {what} to rank {peer}"
+                + ("" if queued else ", which had not posted the matching receive"))
+    return head + queued + _peer_state(peer, states, stuck, op) + "." + never \
+        + _held_back(st)
+
+
+def _held_back(st) -> str:
+    """' Its dist.irecv ..., issued after it, could not start ...' (strict mode)."""
+    if st["behind"] or not st["queued"]:
+        return ""
+    # A send held back is what its peer waits for; else the next call in line.
+    later = next((c for c in st["queued"] if "send" in c["op"]), st["queued"][0])
+    return (f" Its {p2p_log.call_text(later['op'], later['what'], later['peer'])}, issued "
+            "after it, could not start before it completed.")
+
+
+def _queued(behind) -> str:
+    """', queued behind its own dist.isend of chunk 1 to rank 0' (strict mode), or ''."""
+    if behind is None:
+        return ""
+    batched = "batched " if "batch" in behind else ""
+    return (", queued behind its own earlier " + batched
+            + p2p_log.call_text(behind["op"], behind["what"], behind["peer"])
+            + ", which had not completed")
 
 
 def _peer_state(peer, states, stuck, op) -> str:
@@ -53,13 +77,19 @@ def _peer_state(peer, states, stuck, op) -> str:
         return f"; rank {peer} had already returned{never}"
     if st["state"] == "running":
         return f"; rank {peer} was busy running Python code"
-    call = st["call"]
+    call = st["behind"] or st["call"]  # strict mode: what its queue was stuck on
     direction = "to" if "send" in call["op"] else "from"
     target = "" if call["peer"] is None else f" {direction} rank {call['peer']}"
     return f"; rank {peer} was itself blocked in dist.{call['op']}{target}"
 
 
 def _deadlock_hint(states, stuck) -> str:
+    if any(states[r]["behind"] or states[r]["queued"] for r in stuck):
+        return ("\nUnder NCCL's rules (LABSUPPORT_P2P=strict runs gloo by them) a rank's "
+                "unbatched dist.isend, dist.irecv, dist.send and dist.recv run one at a "
+                "time, in the order it issued them, whatever their tags: a send completes "
+                "only once its receiver has reached the matching receive. Put the sends and "
+                "receives that must progress together in one dist.batch_isend_irecv.")
     if any(st["unwaited"] for st in states.values()):
         return ("\nA request nobody waits for may be dropped before its message arrives: keep "
                 "what dist.isend/dist.irecv return and call .wait() on it.")
@@ -67,5 +97,6 @@ def _deadlock_hint(states, stuck) -> str:
     if len(ops) > 1 and all(op in ("send", "isend") for op in ops):
         return ("\nEvery stuck rank was sending, so none reached its receive: a send waits "
                 "until the receiver has posted the matching receive. Post the send and the "
-                "receive of a step together (dist.isend and dist.irecv), then wait for both.")
+                "receive of a step together, in one dist.batch_isend_irecv, then wait for "
+                "both.")
     return ""

@@ -2,8 +2,9 @@
 
     calls = run_on_ranks(rank_fn, args, world_size, timeout, name)   # one result per rank
 
-``rank_fn(log_dir, *args)`` runs on every rank of a group that fits (the
-launcher's own rule, ``session.group_for``), with the deadline ``timeout``
+``rank_fn(log_dir, *args)`` runs on every rank of a gloo group that fits (the
+launcher's own rule, ``session.group_for``; gloo even on GPUs, whose blocking
+``wait()`` is what lets a deadlock be explained), with the deadline ``timeout``
 (default ``TIMEOUT``: $LABSUPPORT_GRADING_TIMEOUT or 20 s, read by
 ``launch.limits``). An exception becomes an AssertionError with the
 student's frames only; a deadlock, which message each stuck rank waited for
@@ -30,7 +31,7 @@ def name_of(fn) -> str:
 def run_on_ranks(rank_fn, args, world_size, timeout, name):
     """rank_fn(log_path, *args) on every rank; failures become AssertionErrors."""
     timeout = TIMEOUT if timeout is None else timeout
-    cluster = session.group_for(world_size)
+    cluster = session.group_for(world_size, backend="gloo")
     log_dir = tempfile.mkdtemp(prefix="labsupport-grading-")
     try:
         return cluster.run(rank_fn, log_dir, *args, timeout=timeout)

@@ -25,7 +25,7 @@ from labsupport.launch.lifetime import describe_status
 from labsupport.launch.limits import (DEFAULT_TIMEOUT, GRACE, START_TIMEOUT, TAIL_CHARS,
                                       check_timeout)
 from labsupport.launch.output import RankOutput, show
-from labsupport.launch.placement import Placement
+from labsupport.launch.placement import NCCL_ENV, Placement
 
 _numbers = itertools.count(1)
 
@@ -216,7 +216,8 @@ class Cluster:
 
     def _spec(self, directory, rank) -> dict:
         prefix = os.path.join(directory, f"c{self._number}-g{self._generation}")
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
+        env = dict({**NCCL_ENV, **os.environ},  # NCCL's defaults unless set
+                   RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
                    WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.world_size),
                    OMP_NUM_THREADS=str(self.placement.threads))
         # Gloo's and NCCL's own sockets on the loopback interface only.

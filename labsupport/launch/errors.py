@@ -152,14 +152,24 @@ _LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # .../labsupp
 _COURSE_ROOT = os.path.dirname(os.path.dirname(_LAUNCH_DIR.rstrip(os.sep))) + os.sep
 _FAULT_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
 # Frames that say nothing to the reader: the launcher's own (every file of the
-# package labsupport.launch), and torch's logging wrapper.
-_INTERNAL = (_LAUNCH_DIR, "<frozen ", os.sep + "threading.py", "c10d_logger.py")
+# package labsupport.launch), strict mode's wrappers of torch.distributed's
+# functions (labsupport/strict_p2p.py), and torch's logging wrapper.
+_INTERNAL = (_LAUNCH_DIR, "<frozen ", os.sep + "threading.py", "c10d_logger.py",
+             os.sep + "labsupport" + os.sep + "strict_p2p.py")
+
+
+GPU_STUCK = ("  (the function had returned, but an NCCL or CUDA operation it queued never "
+             "completed: torch.cuda.synchronize() was still waiting for it. A collective or "
+             "send/recv that the other ranks did not match, in the same order, is the usual "
+             "cause; a CUDA kernel that never ends is another)\n")
 
 
 def format_stack_dump(dump: str) -> str:
     """Where a stuck rank is, from faulthandler's dump: its main thread, user frames only."""
     threads = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())
     main = next((t for t in threads if "_serve" in t or "in main" in t), threads[0] if threads else "")
+    if "in _wait_for_gpu" in main:  # rank_main: the function returned, its GPU work did not
+        return GPU_STUCK
     frames = [m.groups() for m in map(_FAULT_FRAME.match, main.splitlines()) if m]
     frames = [(f, int(n), name) for f, n, name in reversed(frames)
               if not any(marker in f for marker in _INTERNAL)]

@@ -42,6 +42,10 @@ class ProcessServer:
         self.log_path = os.path.join(self.dir, "server.log")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
+        # torch.cuda.is_available() through NVML, without initialising CUDA: a
+        # check anywhere in torch's imports then cannot poison the forks
+        # (torch/cuda/__init__.py, is_available's note).
+        env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         # The parent-death signal follows the thread that started the server:
         # only the main thread lives as long as the kernel.
         main_thread = str(int(threading.current_thread() is threading.main_thread()))

@@ -20,6 +20,25 @@ def device():
 
     if STATE:
         return STATE["device"]
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+    if dist.is_initialized() and backend_of("cuda") == "nccl":  # under torchrun
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device("cpu")
+
+
+def backend_of(device=None, group=None) -> str | None:
+    """Which backend carries ``group``'s collectives on tensors of ``device``.
+
+    "gloo" (over TCP sockets: what ``labsupport.traffic`` counts on the wire),
+    "nccl", or None when the group has none for that device, where such a
+    collective raises "No backend type associated with device type". The
+    device defaults to this rank's, the group to the default group. Ask this,
+    not ``dist.get_backend()``: on GPUs that is "cpu:gloo,cuda:nccl".
+    """
+    import torch
+    import torch.distributed as dist
+
+    where = torch.device(device) if device is not None else globals()["device"]()
+    try:
+        return (group or dist.group.WORLD)._get_backend(where).name()
+    except RuntimeError:  # no backend for this device type
+        return None

@@ -51,12 +51,58 @@ def grading_timeout() -> float:
                          f"{GRADING_TIMEOUT:g} s") from None
 
 
+CPUS_ENV = "LABSUPPORT_CPUS"  # the hub's per-user CPU limit (deploy/), when it sets one
+CGROUP = "/sys/fs/cgroup"     # the container's own cgroup (its namespace's root)
+
+
 def cpu_count() -> int:
-    """Cores this process may use (its affinity mask, not the machine's total)."""
+    """Cores this process may use: the fewest of its affinity mask, the container's
+    CPU quota and ``$LABSUPPORT_CPUS``.
+
+    A pod limited to 8 cores on a 128-core node still sees 128 cores in its
+    affinity mask; its quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us``) is what the kernel enforces, by throttling.
+    """
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    for limit in (cgroup_cpus(), _env_cpus()):
+        if limit is not None:
+            cores = min(cores, limit)
+    return max(1, cores)
+
+
+def cgroup_cpus(root: str | None = None) -> int | None:
+    """Whole cores of the cgroup's CPU quota (at least 1), or None when unlimited."""
+    root = CGROUP if root is None else root
+    for quota_file, period_file in (("cpu.max", None),  # v2: "<quota> <period>" or "max ..."
+                                    ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us"),
+                                    ("cpu,cpuacct/cpu.cfs_quota_us",
+                                     "cpu,cpuacct/cpu.cfs_period_us")):
+        try:
+            with open(os.path.join(root, quota_file)) as f:
+                fields = f.read().split()
+            if period_file is not None:  # v1: quota -1 is unlimited
+                with open(os.path.join(root, period_file)) as f:
+                    fields.append(f.read().strip())
+        except OSError:
+            continue
+        if len(fields) < 2 or fields[0] in ("max", "-1") or \
+                not (fields[0].isdigit() and fields[1].isdigit() and int(fields[1])):
+            return None
+        return max(1, int(fields[0]) // int(fields[1]))
+    return None
+
+
+def _env_cpus() -> int | None:
+    text = os.environ.get(CPUS_ENV)
+    if text is None or not text.strip():
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"{CPUS_ENV}={text!r}: give the number of cores this user may use "
+                         "(a positive whole number), or unset it")
+    return int(text)
 
 
 def max_world_size() -> int:

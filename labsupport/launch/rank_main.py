@@ -8,6 +8,7 @@ SIGUSR1 (``faulthandler``), which is how the kernel learns where a stuck rank is
 """
 import ast
 import faulthandler
+import functools
 import io
 import os
 import pickle
@@ -93,6 +94,8 @@ def _init_process_group(spec: dict):
                             device_id=device if device.type == "cuda" else None)
     identity.STATE.update(rank=spec["rank"], world_size=spec["world_size"], device=device,
                  backend=spec["backend"])
+    from labsupport import strict_p2p
+    strict_p2p.install()  # NCCL's point-to-point rules on gloo, if LABSUPPORT_P2P=strict
     NAMESPACE.update(rank=spec["rank"], world_size=spec["world_size"],
                      local_rank=spec["rank"], device=device, dist=dist, torch=torch,
                      __name__="__main__")
@@ -122,6 +125,7 @@ def _execute(kind: str, payload) -> bytes:
             value = fn(*args, **kwargs)
         else:
             value = _exec_cell(*payload)
+        _wait_for_gpu()
         return pickle.dumps(("ok", _dump_result(value)))
     except BaseException as exc:  # SystemExit too: a rank must not vanish mid-group
         return pickle.dumps(("error", describe_exception(exc)))
@@ -137,17 +141,50 @@ def _exec_cell(source: str, filename: str):
     return None
 
 
-def _dump_result(value) -> bytes:
-    import cloudpickle
-    import torch
-    from torch.utils._pytree import tree_map_only
+def _wait_for_gpu():
+    """Wait for the GPU work the function queued, inside the run's deadline.
 
-    value = tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), value)
+    NCCL collectives and CUDA kernels run after the Python call that queued
+    them has returned: without this, a hang or a device-side assert would
+    surface in a later, unrelated run. A rank stuck here at the deadline is
+    reported as such (``errors.format_stack_dump``).
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _dump_result(value) -> bytes:
+    import io
+
     try:
-        return cloudpickle.dumps(value)
+        out = io.BytesIO()
+        _cpu_pickler()(out).dump(value)
+        return out.getvalue()
     except Exception as exc:
         raise TypeError(f"the return value ({type(value).__name__}) cannot be sent back to "
                         f"the notebook: {exc}. Return tensors, numbers or plain containers.") from None
+
+
+@functools.cache
+def _cpu_pickler():
+    """A cloudpickle pickler that writes every tensor detached, on the CPU.
+
+    Wherever it sits (a list, a dataclass, a module's parameters, any object's
+    attributes), so that the kernel never opens a CUDA context to load it.
+    """
+    import cloudpickle
+    import torch
+
+    class CPUPickler(cloudpickle.Pickler):
+        def reducer_override(self, obj):
+            if type(obj) is torch.Tensor:
+                return obj.detach().cpu().__reduce_ex__(2)
+            if type(obj) is torch.nn.Parameter:
+                moved = torch.nn.Parameter(obj.detach().cpu(), obj.requires_grad)
+                return moved.__reduce_ex__(2)
+            return super().reducer_override(obj)
+    return CPUPickler
 
 
 def describe_exception(exc: BaseException) -> dict:

@@ -1,0 +1,310 @@
+# Run: .venv/bin/python -m pytest tests/test_gpu_path.py   (~45 s on 2 idle cores)
+"""The GPU path, checked on a CPU (issue 25): what ranks on GPUs get, reproduced with gloo.
+
+- The backend rule: GPU ranks get "cpu:gloo,cuda:nccl" (CPU tensors through
+  gloo), $LABSUPPORT_BACKEND says what "auto" means, and the device-placement
+  check: that group reproduced on a CPU ("cpu:gloo,cuda:gloo") runs the
+  lessons' CPU-tensor collectives, a CUDA-only group ("cuda:gloo", what a
+  plain "nccl" group is for CPU tensors) fails them; the graders pin gloo.
+- torchrun (ls.main) makes the same group, device_id included.
+- A rank waits for its GPU work inside the run's deadline, and results come
+  back with every tensor on the CPU, wherever it sits.
+- Timings go through labsupport.timing (a GPU's work, not the host's queueing):
+  ddp_probe and chapter 5's harness (zero-bubble's is its subclass); chapters 0,
+  4 and 6 call it in their cells.
+- Threads per rank follow the container's CPU quota and $LABSUPPORT_CPUS.
+- NCCL's environment in every rank and in the process server.
+- make test-gpu skips in one line here; its sanitizer masks GPU-only outputs.
+"""
+import dataclasses
+import os
+import pickle
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import labsupport as ls
+from labsupport import ddp, ddp_probe, models, pipeline, timing
+from labsupport.launch import cluster as cluster_module, forkserver, limits, placement, \
+    rank_main, session, torchrun
+from grading_rings import ring_all_reduce
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- the backend rule and the device-placement check ---------------------------------
+
+def test_gpu_ranks_get_a_cpu_backend_too_and_the_environment_says_what_auto_means(
+        monkeypatch):
+    monkeypatch.setattr(placement, "visible_gpus", lambda: 2)
+    monkeypatch.setenv(placement.ENV, "auto")
+    on_gpus = placement.place(2)
+    assert (on_gpus.backend, on_gpus.devices) == ("cpu:gloo,cuda:nccl", ("cuda:0", "cuda:1"))
+    monkeypatch.setenv(placement.ENV, "gloo")  # CI on a GPU node: the CPU suite on gloo
+    assert placement.place(2).backend == "gloo"
+    assert placement.place(2, backend="nccl").backend == "cpu:gloo,cuda:nccl"  # explicit wins
+    monkeypatch.setenv(placement.ENV, "NCCL")
+    assert placement.place(2).devices == ("cuda:0", "cuda:1")
+    monkeypatch.setenv(placement.ENV, "gpu")
+    with pytest.raises(ValueError, match="LABSUPPORT_BACKEND='gpu': use auto, gloo or nccl"):
+        placement.place(2)
+
+
+def lesson_collectives():
+    """What the lessons and checks hand to collectives on CPU tensors: a grader's
+    ring, a CPU model wrapped for data parallelism, a DeviceMesh on the CPU."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    t = torch.arange(8.0)
+    ring_all_reduce(t)  # batched p2p of CPU tensors
+    model = ddp.DataParallelNaive(models.DeepMLP(d_in=4, width=8, depth=2, d_out=2, seed=0))
+    model(torch.ones(2, 4)).sum().backward()
+    model.sync_gradients()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    full = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)]).redistribute(
+        mesh, [Replicate()]).to_local()
+    return t.tolist(), full.tolist()
+
+
+def gpu_group_on_the_cpu(rule_backend):
+    """A group made as for 2 GPU ranks, gloo standing in for NCCL (no GPU here):
+    plain "nccl" serves CUDA tensors only, so it becomes "cuda:gloo"."""
+    backend = "cuda:gloo" if rule_backend == "nccl" else rule_backend.replace("nccl", "gloo")
+    where = placement.Placement(2, backend, ("cpu", "cpu"), 1, None)
+    return cluster_module.Cluster(where)
+
+
+def test_the_gpu_group_runs_the_lessons_cpu_collectives_where_nccl_alone_fails(monkeypatch):
+    monkeypatch.setattr(placement, "visible_gpus", lambda: 2)
+    monkeypatch.setenv(placement.ENV, "auto")
+    rule = placement.place(2).backend  # what 2 GPU ranks get
+    with gpu_group_on_the_cpu(rule) as group:
+        assert group.run(lesson_collectives) == [([0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0],
+                                                   [0.0, 1.0, 2.0, 3.0])] * 2
+        assert group.run(ls.backend_of, "cpu") == ["gloo"] * 2
+    with gpu_group_on_the_cpu("nccl") as group:  # a CUDA-only group
+        with pytest.raises(ls.RankError, match="No backend type associated with device type cpu"):
+            group.run(lesson_collectives)
+        assert group.run(ls.backend_of, "cpu") == [None, None]
+
+
+def test_the_graders_pin_gloo_whatever_group_the_chapter_runs(monkeypatch):
+    monkeypatch.setattr(placement, "visible_gpus", lambda: 2)
+    monkeypatch.setenv(placement.ENV, "auto")
+    chapter = gpu_group_on_the_cpu("nccl")  # CUDA tensors only, like NCCL
+    chapter.backend = placement.place(2).backend  # ... and what 2 GPUs would run
+    monkeypatch.setattr(session, "_current", chapter)
+    ls.grading.check_allreduce(ring_all_reduce, world_sizes=(2,), sizes=(8,))
+    assert session.current().backend == "gloo"  # the chapter's group was replaced
+    ls.shutdown()
+
+
+# -- torchrun: the same group as ls.start ---------------------------------------------
+
+def test_ls_main_makes_the_group_ls_start_makes_device_id_included(monkeypatch):
+    made = {}
+    for name, value in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2",
+                            MASTER_ADDR="127.0.0.1", MASTER_PORT="1").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(placement.ENV, "auto")
+    monkeypatch.delenv("NCCL_DEBUG", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: made.setdefault("current", d))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: made.update(
+        backend=backend, **kw))
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: None)
+    monkeypatch.setattr(ls.strict_p2p, "install", lambda: made.setdefault("strict", True))
+    assert torchrun.main(lambda x: x + 1, 41) == 42
+    gpus = placement.place  # what ls.start gives 2 GPU ranks, for comparison
+    monkeypatch.setattr(placement, "visible_gpus", lambda: 2)
+    assert made["backend"] == gpus(2).backend == "cpu:gloo,cuda:nccl"
+    assert made["device_id"] == made["current"] == torch.device("cuda", 1)
+    assert made["strict"] and os.environ["NCCL_DEBUG"] == "WARN"
+
+
+# -- a rank waits for its GPU; results come back on the CPU ----------------------------
+
+def gpu_work_that_never_ends():
+    torch.cuda.is_initialized = lambda: True  # as after any CUDA call
+    torch.cuda.synchronize = lambda *args: time.sleep(60)  # an NCCL op never matched
+    return "returned"
+
+
+def gpu_work_that_asserts():
+    torch.cuda.is_initialized = lambda: True
+
+    def synchronize(*args):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+    torch.cuda.synchronize = synchronize
+
+
+def test_a_rank_waits_for_its_gpu_inside_the_deadline_and_says_so():
+    group = ls.start(world_size=2, backend="gloo")
+    with pytest.raises(ls.RankTimeout) as info:
+        group.run(gpu_work_that_never_ends, timeout=2)
+    assert "an NCCL or CUDA operation it queued never completed" in str(info.value)
+    with pytest.raises(ls.RankError, match="device-side assert triggered"):
+        group.run(gpu_work_that_asserts)  # in this run, not a later one
+    assert group.run(lambda: 1) == [1, 1]
+    ls.shutdown()
+
+
+@dataclasses.dataclass
+class Result:
+    loss: torch.Tensor
+    steps: int
+
+
+class Plain:
+    pass
+
+
+def test_every_tensor_of_a_result_goes_back_on_the_cpu(monkeypatch):
+    moved = set()
+    cpu = torch.Tensor.cpu
+
+    def recording_cpu(tensor, *args, **kwargs):
+        moved.add(tensor.data_ptr())
+        return cpu(tensor, *args, **kwargs)
+    monkeypatch.setattr(torch.Tensor, "cpu", recording_cpu)
+    layer, plain, loss = torch.nn.Linear(2, 3), Plain(), torch.ones(2, requires_grad=True) * 2
+    plain.state = torch.zeros(4)
+    value = {"result": Result(loss, 3), "model": layer, "object": plain}
+    back = pickle.loads(rank_main._dump_result(value))
+    for tensor in (loss, layer.weight, layer.bias, plain.state):
+        assert tensor.data_ptr() in moved
+    assert back["result"].steps == 3 and back["result"].loss.grad_fn is None
+    assert isinstance(back["model"].weight, torch.nn.Parameter)
+    torch.testing.assert_close(back["model"].weight, layer.weight)
+
+
+# -- timings: the device's work ----------------------------------------------------------
+
+def test_a_timeline_on_a_gpu_waits_for_its_work_and_on_a_cpu_does_not(monkeypatch):
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", waited.append)
+    with timing_timeline("cuda:1").span("compute", "F"):
+        pass
+    assert waited == [torch.device("cuda:1")] * 2  # at the start and at the end
+    with timing_timeline("cpu").span("compute", "F"):
+        pass
+    assert timing.now(None) > 0 and len(waited) == 2
+
+
+def timing_timeline(device):
+    from labsupport.timeline import Timeline
+    return Timeline(0, device)
+
+
+def probes_time_the_device():
+    """ddp_probe's steps and chapter 5's pipeline (zero-bubble's harness is its
+    subclass): the devices their clocks waited for."""
+    seen = []
+    sync = timing.sync
+    timing.sync = lambda device=None: seen.append(str(device)) or sync(device)
+    try:
+        x, y = models.toy_regression(8, 4, 2, seed=1)
+        ddp_probe.profile_steps(lambda: models.DeepMLP(4, 8, 2, 2, seed=0),
+                                ddp.DataParallelNaive, x, y, steps=1, warmup=0)
+        x, y = models.toy_regression(4, 8, 4, seed=1)
+        pipeline.run_step(pipeline.train_step_1f1b, x, y, 2, 1,
+                          dict(d_in=8, width=16, depth=3, d_out=4, seed=0))
+    finally:
+        timing.sync = sync
+    return sorted(set(seen))
+
+
+def test_the_probes_and_harnesses_time_through_labsupport_timing():
+    assert ls.run(probes_time_the_device, world_size=2, backend="gloo") == [["cpu"]] * 2
+    ls.shutdown()
+
+
+# -- threads per rank: the container's quota ------------------------------------------
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cpu_count_reads_the_cgroup_quota_v2_and_v1_and_the_hubs_limit(tmp_path, monkeypatch):
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    write(v2 / "cpu.max", "800000 100000\n")  # 8 cores of a 128-core node
+    assert limits.cgroup_cpus(str(v2)) == 8
+    write(v2 / "cpu.max", "max 100000\n")
+    assert limits.cgroup_cpus(str(v2)) is None
+    write(v1 / "cpu" / "cpu.cfs_quota_us", "150000\n")
+    write(v1 / "cpu" / "cpu.cfs_period_us", "100000\n")
+    assert limits.cgroup_cpus(str(v1)) == 1  # 1.5 cores: whole ones, at least 1
+    write(v1 / "cpu" / "cpu.cfs_quota_us", "-1\n")
+    assert limits.cgroup_cpus(str(v1)) is None
+    assert limits.cgroup_cpus(str(tmp_path / "none")) is None
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(128)))
+    write(v2 / "cpu.max", "800000 100000\n")
+    monkeypatch.setattr(limits, "CGROUP", str(v2))
+    monkeypatch.delenv(limits.CPUS_ENV, raising=False)
+    assert limits.cpu_count() == 8
+    assert placement.place(4, backend="gloo").threads == 2  # 4 ranks x 2 threads, not 32
+    monkeypatch.setenv(limits.CPUS_ENV, "4")  # the hub's per-user limit
+    assert limits.cpu_count() == 4
+    monkeypatch.setenv(limits.CPUS_ENV, "four")
+    with pytest.raises(ValueError, match="LABSUPPORT_CPUS='four': give the number of cores"):
+        limits.cpu_count()
+
+
+# -- NCCL's environment -------------------------------------------------------------------
+
+def rank_env():
+    return {k: os.environ.get(k) for k in placement.NCCL_ENV}
+
+
+def test_every_rank_gets_nccls_environment_unless_the_user_set_it(monkeypatch):
+    assert ls.run(rank_env, world_size=2, backend="gloo")[0] == {
+        "NCCL_DEBUG": "WARN", "TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING": "false"}
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    ls.start(world_size=2, backend="gloo")
+    assert ls.run(rank_env)[1]["NCCL_DEBUG"] == "INFO"
+    server = forkserver.get()
+    with open(f"/proc/{server.pid}/environ", "rb") as f:
+        assert b"PYTORCH_NVML_BASED_CUDA_CHECK=1" in f.read().split(b"\0")
+    ls.shutdown()
+
+
+def test_timing_now_is_perf_counter_on_the_cpu():
+    before = time.perf_counter()
+    assert before <= timing.now("cpu") <= timing.now(None) <= time.perf_counter()
+
+
+# -- make test-gpu ------------------------------------------------------------------------
+
+def test_make_test_gpu_skips_in_one_line_without_two_gpus():
+    if placement.visible_gpus() >= 2:
+        pytest.skip("this machine has the GPUs: make test-gpu runs for real here")
+    out = subprocess.run(["scripts/test_gpu.sh"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stderr == ""
+    assert out.stdout.startswith("test-gpu: skipped: ") and out.stdout.count("\n") == 1
+
+
+def test_the_gpu_sanitizer_masks_what_differs_on_gpus_only():
+    from nbval.plugin import get_sanitize_patterns
+
+    patterns = get_sanitize_patterns((ROOT / "tests" / "nbval_sanitize_gpu.cfg").read_text())
+
+    def sanitize(text):
+        for regex, replace in patterns:
+            text = re.sub(regex, replace, text)
+        return text
+
+    cpu = ("labsupport: ranks run on gloo (CPU): no CUDA GPU visible\nrank 0 on cpu\n"
+           "naive: profiler: 18 gloo:all_reduce, issued after backward\n")
+    gpu = "rank 0 on cuda:0\nnaive: profiler: 18 nccl:all_reduce, issued after backward\n"
+    assert sanitize(cpu) == sanitize(gpu)
+    kept = "N = 4: DDP fp16 sends 0.50 of what fp32 DDP sends; cpu model, 3 calls"
+    assert sanitize(kept) == kept
