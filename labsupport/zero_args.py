@@ -27,8 +27,9 @@ def check_params(params, what="ZeRO", frozen=False) -> list:
                    or type(p) not in (torch.Tensor, nn.Parameter) and
                    f"is a {type(p).__name__} (a DTensor or a tensor subclass)"
                    or p.is_sparse and "is sparse" or not (p.requires_grad or frozen) and
-                   "is frozen (requires_grad=False): a shard is stepped whole, so a flat "
-                   "buffer holds trainable parameters only (leave it out of the unit)"
+                   "is frozen (requires_grad=False): a flat shard is stepped whole, so it "
+                   "holds trainable parameters only (ShardedOptimizer leaves frozen ones "
+                   "out; for Zero3, unfreeze it or keep it outside the wrapped module)"
                    or not p.is_floating_point() and f"has dtype {p.dtype}"
                    or (p.dtype, p.device) != (params[0].dtype, params[0].device) and
                    f"has dtype {p.dtype} on {p.device}, parameter 0 {params[0].dtype} on "
