@@ -188,7 +188,8 @@ def latest_checkpoint(root):
 def unit_layout(model) -> dict:
     """{"unit<i>": [[name, shape], ...]}: each flat unit's parameters, in order (a Zero3)."""
     names = {p: n for n, p in model.module.named_parameters()}
-    return {f"unit{i}": [[names[p], list(p.shape)] for p in flat.params]
+    # flat.shapes: between steps a Zero3 parameter is its 1-D piece of the shard
+    return {f"unit{i}": [[names[p], list(shape)] for p, shape in zip(flat.params, flat.shapes)]
             for i, flat in enumerate(model.flats)}
 
 

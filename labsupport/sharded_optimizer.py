@@ -21,8 +21,11 @@ class ShardedOptimizer:
     model: each param group becomes a flat buffer (:class:`FlatParams`) whose
     shard ``rank`` alone is stepped by an ``optimizer_cls`` of its own;
     ``step()`` reduce-scatters the gradients (their mean), steps the shard and
-    all-gathers the parameters (:func:`zero_step`, stage 1). Every parameter
-    needs a gradient at each step; closures and state dicts are not supported.
+    all-gathers the parameters (:func:`zero_step`, stage 1). Frozen
+    parameters (``requires_grad=False``) are accepted and left untouched, as
+    torch's optimizers leave them (they stay out of the flat buffers, so
+    unfreezing one later needs a new ShardedOptimizer); every other parameter
+    needs a gradient at each step. Closures and state dicts are not supported.
     """
 
     def __init__(self, params, optimizer_cls, **optimizer_kwargs):
@@ -44,13 +47,14 @@ class ShardedOptimizer:
     def add_param_group(self, param_group: dict):
         """A new group, with its own flat buffer and hyperparameters (as torch.optim)."""
         seen = {p for g in self.param_groups for p in g["params"]}
-        params = check_params(param_group["params"], "ShardedOptimizer")
+        params = check_params(param_group["params"], "ShardedOptimizer", frozen=True)
         if seen.intersection(params):
             raise ValueError("ShardedOptimizer: a parameter is in two parameter groups")
-        flat = FlatParams(params)
+        trainable = [p for p in params if p.requires_grad]     # frozen: untouched
+        flat = FlatParams(trainable) if trainable else None
         inner = {k: v for k, v in param_group.items() if k != "params"}
-        optim = self.optimizer_cls([{**inner, "params": [flat.shard(flat.data)]}],
-                                   **self.defaults)
+        shard = [flat.shard(flat.data)] if flat else [torch.zeros(0, requires_grad=True)]
+        optim = self.optimizer_cls([{**inner, "params": shard}], **self.defaults)
         self.flats.append(flat)
         self.optims.append(optim)
         self.param_groups.append({**optim.param_groups[0], "params": params})
@@ -61,7 +65,7 @@ class ShardedOptimizer:
         return {p: s for optim in self.optims for p, s in optim.state.items()}
 
     def zero_grad(self, set_to_none: bool = True):
-        for flat in self.flats:
+        for flat in filter(None, self.flats):
             if set_to_none or flat.grad is None:
                 flat.free_grads()
             else:
@@ -73,6 +77,9 @@ class ShardedOptimizer:
             raise NotImplementedError("ShardedOptimizer.step takes no closure: call "
                                       "backward() first, then step()")
         for flat, optim, group in zip(self.flats, self.optims, self.param_groups):
+            _still_frozen(group["params"], flat)
+            if flat is None:
+                continue
             optim.param_groups[0].update(  # hyperparameters set by the user or a scheduler
                 {k: v for k, v in group.items() if k != "params"})
             _grads_into_buffer(flat)
@@ -87,6 +94,16 @@ class ShardedOptimizer:
         self.state_dict()
 
 
+def _still_frozen(params, flat):
+    """ValueError for a parameter frozen when its group was added and trainable now."""
+    flat_params = set(flat.params) if flat else set()
+    for i, p in enumerate(params):
+        if p.requires_grad and p not in flat_params:
+            raise ValueError(f"ShardedOptimizer: parameter {i} (shape {tuple(p.shape)}) was "
+                             "frozen when its group was added and requires grad now: build "
+                             "a new ShardedOptimizer after unfreezing it")
+
+
 def _grads_into_buffer(flat):
     """Make every .grad a view of the flat gradient buffer (copying it in if needed)."""
     if flat.grad is None:
@@ -95,7 +112,8 @@ def _grads_into_buffer(flat):
         if p.grad is None:
             raise ValueError(f"ShardedOptimizer: parameter {i} (shape {tuple(p.shape)}) has "
                              "no gradient: a flat shard is stepped as a whole, so every "
-                             "parameter needs one (leave unused parameters out)")
+                             "trainable parameter needs one (leave unused parameters out, "
+                             "or freeze them before building the optimizer)")
         if p.grad.data_ptr() != view.data_ptr():
             view.copy_(p.grad)
             p.grad = view

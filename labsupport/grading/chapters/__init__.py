@@ -1,7 +1,7 @@
 """The checks behind every chapter's ``your-turn`` cells, one module per chapter topic.
 
-    from labsupport.grading.chapters import zero
-    zero.check_shard_bounds(shard_bounds)      # in the chapter's check cell
+    from labsupport.grading.chapters import zero as checks
+    checks.check_fsdp2_rows(fsdp2_rows)        # in chapter 7's check cell
 
 Each module holds the checks of one chapter's exercises and says precisely
 what is wrong with an answer (results, bytes, a deadlock explained), built
