@@ -8,21 +8,37 @@ Each agent is ``python -m torch.distributed.run`` (torchrun) with
 ``--nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:<free port>``:
 agent 0 hosts the rendezvous store (``is_host=true``), as the head node of a
 real job would, and agent 1 joins it. Every connection goes over loopback
-(``--local-addr``, ``GLOO_SOCKET_IFNAME=lo``); the port is picked free,
-never fixed. (torch's ``TCPStore``, which hosts the rendezvous, takes no
-address to bind: it listens on every interface while the job runs.) The run has a deadline; whatever happens (an
-error, the deadline, an interrupt), both agents and every worker they
-started are stopped before this returns or raises: SIGTERM first (an agent
-then stops its own workers), SIGKILL after ``STOP_WAIT`` seconds, workers
-found by their parent's PID (torchrun starts each in its own session).
+(``--local-addr``, ``GLOO_SOCKET_IFNAME=lo``); the port is picked free.
+
+Loopback alone does not keep the job private: torch 2.13's ``TCPStore``
+server binds every interface (``ss -ltn`` shows ``*:<port>``), whatever
+address it is given; it can take an already-bound socket
+(``master_listen_fd``), but the c10d rendezvous backend
+(``torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py``,
+``_create_tcp_store``) and the workers' store (``dynamic_rendezvous.py``,
+``_create_tcp_store_server``) pass only a host and a port. So both agents
+run in a network namespace of their own (``unshare --user --map-root-user
+--net``, then ``nsenter``), where loopback is the only interface and
+nothing outside can connect. Where the kernel refuses unprivileged user
+namespaces, ``private_network=None`` (the default) warns and runs on the
+host, ``True`` raises, ``False`` does not try.
+
+The run has a deadline; whatever happens (an error, the deadline, an
+interrupt), both agents and every worker they started are stopped before
+this returns or raises: SIGTERM first (an agent then stops its own
+workers), SIGKILL after ``STOP_WAIT`` seconds, workers found by their
+parent's PID (torchrun starts each in its own session).
 """
+import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import warnings
 
 from labsupport.launch.limits import cpu_count
 
@@ -35,6 +51,7 @@ class TwoNodeRun:
     returncodes: list      # each agent's exit code (0: its workers finished)
     seconds: float         # from starting the agents to both exiting
     logs: list             # each agent's output (torchrun's and its workers')
+    private_network: bool  # True: in a network namespace of its own
 
 
 def free_port() -> int:
@@ -56,32 +73,86 @@ def agent_command(node: int, port: int, program: list, *, nproc_per_node=1,
 
 
 def run_two_nodes(program: list, workdir: str, *, nproc_per_node=1, max_restarts=1,
-                  timeout=120.0) -> TwoNodeRun:
+                  timeout=120.0, private_network=None) -> TwoNodeRun:
     """Run ``program`` (torchrun's arguments after its own: a script or ``-m module``)
     as a two-node job; its agents' logs go to ``workdir``. Raises RuntimeError if an
-    agent fails, TimeoutError at the deadline; never leaves a process behind."""
+    agent fails, TimeoutError at the deadline; never leaves a process behind.
+    ``private_network``: see the module's docstring."""
     port, procs, logs = free_port(), [], []
     env = _environment(2 * nproc_per_node)
-    t0 = time.monotonic()
-    try:
-        for node in (0, 1):
-            logs.append(os.path.join(workdir, f"agent{node}.log"))
-            with open(logs[-1], "wb") as log:
-                procs.append(subprocess.Popen(
-                    agent_command(node, port, program, nproc_per_node=nproc_per_node,
-                                  max_restarts=max_restarts),
-                    env=env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True))
-        codes = [_wait(p, t0 + timeout) for p in procs]
-    finally:
-        _stop(procs)
+    with contextlib.ExitStack() as stack:
+        enter = _enter_prefix(stack, private_network)
+        t0 = time.monotonic()
+        try:
+            for node in (0, 1):
+                logs.append(os.path.join(workdir, f"agent{node}.log"))
+                with open(logs[-1], "wb") as log:
+                    procs.append(subprocess.Popen(
+                        enter + agent_command(node, port, program, max_restarts=max_restarts,
+                                              nproc_per_node=nproc_per_node),
+                        env=env, stdin=subprocess.DEVNULL, stdout=log,
+                        stderr=subprocess.STDOUT, start_new_session=True))
+            codes = [_wait(p, t0 + timeout) for p in procs]
+        finally:
+            _stop(procs)
     seconds, texts = time.monotonic() - t0, [_read(path) for path in logs]
     if None in codes:
         raise TimeoutError(f"the two-node run passed its {timeout:g} s deadline; stopped "
                            f"both agents and their workers.\n{_tails(texts)}")
     if any(codes):
         raise RuntimeError(f"torchrun agents exited with codes {codes}.\n{_tails(texts)}")
-    return TwoNodeRun(codes, seconds, texts)
+    return TwoNodeRun(codes, seconds, texts, bool(enter))
+
+
+# Run by the namespace's holder: bring loopback up (a new namespace's is down),
+# say so, then hold the namespace open until the parent closes stdin or dies.
+_HOLD = """import fcntl, socket, struct, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+flags = struct.unpack('16sH', fcntl.ioctl(s, 0x8913, struct.pack('16sH22x', b'lo', 0))[:18])[1]
+fcntl.ioctl(s, 0x8914, struct.pack('16sH22x', b'lo', flags | 1))   # SIOCSIFFLAGS, IFF_UP
+print('ready', flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def private_network():
+    """A network namespace of its own, loopback its only interface, while the block
+    runs: yields the command prefix that runs a program inside it. Raises OSError,
+    saying why, where it cannot be made (no util-linux, user namespaces refused)."""
+    if not (shutil.which("unshare") and shutil.which("nsenter")):
+        raise OSError("unshare and nsenter (util-linux) are not installed")
+    holder = subprocess.Popen(
+        ["unshare", "--user", "--map-root-user", "--net", "--", sys.executable, "-c", _HOLD],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True)
+    try:
+        if holder.stdout.readline().strip() != b"ready":
+            holder.wait()
+            raise OSError("could not make a private network namespace: "
+                          + holder.stderr.read().decode(errors="replace").strip())
+        yield ["nsenter", f"--target={holder.pid}", "--user", "--net",
+               "--preserve-credentials", "--"]
+    finally:
+        holder.stdin.close()
+        if _wait(holder, time.monotonic() + STOP_WAIT) is None:
+            holder.kill()
+            holder.wait()
+
+
+def _enter_prefix(stack, wanted) -> list:
+    """The prefix that starts an agent in a private network, [] on the host."""
+    if wanted is False:
+        return []
+    try:
+        return stack.enter_context(private_network())
+    except OSError as err:
+        if wanted:
+            raise
+        warnings.warn(f"{err}. The two agents run on the host: their rendezvous "
+                      "store listens on every interface while the job runs, so "
+                      "other machines and users can reach it.", stacklevel=3)
+        return []
 
 
 def _environment(workers: int) -> dict:
