@@ -74,7 +74,7 @@ class GPTConfig:
     moe_experts: int = 0       # E > 0: mixture-of-experts MLPs (chapter 9); 0: dense
     moe_top_k: int = 2         # k experts per token
     moe_every: int = 1         # an MoE MLP in blocks moe_every-1, 2*moe_every-1, ...
-    moe_capacity: float | None = None  # capacity factor C; None: drop nothing
+    moe_capacity: float | None = None  # capacity factor c_f; None: drop nothing
     moe_aux_coef: float = 0.01  # weight of the load-balancing loss (Switch: 1e-2)
 
     def __post_init__(self):

@@ -41,7 +41,7 @@ def route(logits, top_k):
 
 
 def capacity(num_tokens, top_k, num_experts, factor):
-    """Rows one expert accepts from a group of tokens: ceil(C k T / E).
+    """Rows one expert accepts from a group of tokens: ceil(c_f k T / E).
 
     Megatron-Core's definition (get_capacity(num_tokens * topk, ...) in
     megatron/core/transformer/moe/moe_utils.py); None: no limit (dropless).
@@ -143,7 +143,7 @@ def combine(rows, token_index, gates, num_tokens):
 class MoE(nn.Module):
     """A top-k mixture-of-experts MLP on one process (every expert here).
 
-    Router Linear(h, E) without bias; ``capacity_factor`` C drops what each
+    Router Linear(h, E) without bias; ``capacity_factor`` c_f drops what each
     expert cannot take from each of ``groups`` equal groups of tokens (N:
     what N ranks would drop); None keeps every token. After each forward,
     ``aux_loss`` and ``tokens_per_expert`` (kept rows) describe the routing.

@@ -2,7 +2,7 @@
 
     import labsupport.grading.padded_expert_dispatch as gp
     gp.check_forward(padded_moe)          # = the MoE layer on one process, nothing dropped
-    gp.check_drops(padded_moe)            # a skewed router at C = 1: the same rows dropped
+    gp.check_drops(padded_moe)            # a skewed router at c_f = 1: the same rows dropped
     gp.check_backward(padded_moe)         # gradients of x, the router and the experts
     gp.check_padded_traffic(padded_moe)   # bytes only: E x capacity rows per all-to-all
 
@@ -97,7 +97,7 @@ def check_forward(fn, world_sizes=WORLD_SIZES, *, timeout=None):
 
 
 def check_drops(fn, world_sizes=WORLD_SIZES, *, timeout=None):
-    """A router skewed to experts 0 and 1, C = 1: the same rows kept and dropped."""
+    """A router skewed to experts 0 and 1, c_f = 1: the same rows kept and dropped."""
     for top_k in (1, 2):
         _check_outputs(fn, world_sizes, top_k, 1.0, 3.0, timeout)
 
@@ -188,7 +188,7 @@ def _assert_grad(where, what, got, want):
 
 def check_padded_traffic(fn, world_sizes=(2,), *, timeout=None):
     """Forward + backward send 4 all-to-alls of (N-1)/N x E x capacity rows per rank,
-    with a skewed router at C = 1. Bytes only: the other checks judge the results."""
+    with a skewed router at c_f = 1. Bytes only: the other checks judge the results."""
     name = grading.name_of(fn)
     tokens, hidden = TRAFFIC["tokens"], TRAFFIC["hidden"]
     for n, ranks in _runs(fn, world_sizes, tokens, hidden, 2, 1.0, 3.0, True, timeout):
