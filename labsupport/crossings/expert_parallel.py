@@ -89,7 +89,8 @@ def crossing(ffns, tokens, times, matmul_flops) -> Crossing:
     return Crossing(
         "expert_parallel", "expert width f", list(ffns), compute, comm,
         overlap.measured_crossing(ffns, compute, comm), f_own,
-        extra=dict(flops=own, matmul_flops=matmul_flops, bandwidth=bandwidth,
+        extra=dict(tokens=tokens, top_k=TOP_K, hidden=HIDDEN, act_bytes=ACT_BYTES,
+                   flops=own, matmul_flops=matmul_flops, bandwidth=bandwidth,
                    sent=sent, f_matmul=f_matmul, rows=[t[2] for t in times],
                    model=dict(compute=[p * f / own for p, f in zip(per_f, ffns)],
                               comm=[sent / bandwidth] * len(ffns))))
