@@ -22,7 +22,8 @@ message takes half the round trip (the ping-pong of OSU's osu_latency), read
 from the recorded calls (``calls.record``: rank 0's send posted, its
 receive of the reply done). Each time is the median of ``repeats``, the
 sizes taking turns. The formula's crossing uses this machine's numbers: C
-the forward's FLOP/s at the three largest sizes, and the link's α and β
+the forward's FLOP/s at the two largest sizes (where the
+FLOPs, not the calls' overhead, take the time), and the link's α and β
 (chapter 2's α-β model) fitted to the same ping-pong at ``LINK_BYTES``,
 timed between the sizes so that they share the sweep's load: the forward's
 2·T·h²·L/C meets α + T·h·e/β.
@@ -34,7 +35,7 @@ from labsupport.crossings import Crossing
 
 WORLD_SIZE = 2
 TOKENS, STAGE_BLOCKS = 16, 2
-SIZES = {False: [16, 32, 64, 128, 256, 512, 1024], True: [32, 256, 1024]}  # h
+SIZES = {False: [32, 64, 128, 256, 512, 1024], True: [64, 256, 1024]}  # h
 REPEATS = {False: 9, True: 3}
 LINK_BYTES = [1 << k for k in range(10, 23, 2)]     # 1 KiB .. 4 MiB
 
@@ -92,6 +93,8 @@ def _forward_and_send(module, x):
     dist.barrier()
     seconds = 0.0
     if dist.get_rank() == 0:
+        with torch.no_grad():
+            module(x)                  # untimed: wakes the thread pool after the barrier
         start = time.perf_counter()
         with torch.no_grad():
             y = module(x)                                          # (T, h)
@@ -123,7 +126,7 @@ def crossing(sizes, compute, comm, link_seconds, tokens=TOKENS, blocks=STAGE_BLO
              act_bytes=4) -> Crossing:
     """The measured crossing, and the formula's with this machine's C, α and β."""
     flops = [2 * tokens * blocks * h * h for h in sizes]              # the stage's forward
-    c = statistics.median(f / t for f, t in list(zip(flops, compute))[-3:])
+    c = statistics.median(f / t for f, t in list(zip(flops, compute))[-2:])  # C: the widest
     link = overlap.Link(*_fit(link_seconds))
     model_compute = lambda h: 2 * tokens * blocks * h * h / c   # noqa: E731
     model_comm = lambda h: link.seconds(tokens * h * act_bytes)  # noqa: E731
