@@ -19,6 +19,7 @@ operation a stopped rank's call was queued behind.
 import contextlib
 import json
 import os
+import threading
 import time
 
 import torch.distributed as dist
@@ -62,12 +63,16 @@ class Recorder:
         self.buffer = buffer
         self.log = calls.Log()
         self.closed = False
+        # strict mode completes requests on its own thread: it may write while the
+        # block closes the file, so writing and closing take turns
+        self.lock = threading.Lock()
 
     def write(self, **event):
-        if self.closed:  # a request waited for after its block: nothing left to explain
-            return
         event["t"] = time.time()  # wall clock: the kernel compares it with its own
-        os.write(self.fd, (json.dumps(event) + "\n").encode())
+        with self.lock:
+            if self.closed:  # a request finished after its block: nothing left to explain
+                return
+            os.write(self.fd, (json.dumps(event) + "\n").encode())
 
     def note(self, text: str):
         """What the rank works on ('a tensor of 10 elements'), for the reports."""
@@ -106,8 +111,9 @@ class Recorder:
                 for c in self.log.unwaited()]
 
     def close(self):
-        self.closed = True
-        os.close(self.fd)
+        with self.lock:
+            self.closed = True
+            os.close(self.fd)
 
 
 @contextlib.contextmanager
