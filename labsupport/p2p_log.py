@@ -19,6 +19,7 @@ operation a stopped rank's call was queued behind.
 import contextlib
 import json
 import os
+import threading
 import time
 
 import torch.distributed as dist
@@ -62,12 +63,14 @@ class Recorder:
         self.buffer = buffer
         self.log = calls.Log()
         self.closed = False
+        self._lock = threading.Lock()  # strict mode's threads write too: never after close
 
     def write(self, **event):
-        if self.closed:  # a request waited for after its block: nothing left to explain
-            return
         event["t"] = time.time()  # wall clock: the kernel compares it with its own
-        os.write(self.fd, (json.dumps(event) + "\n").encode())
+        with self._lock:
+            if self.closed:  # a request completed after its block: nothing left to explain
+                return
+            os.write(self.fd, (json.dumps(event) + "\n").encode())
 
     def note(self, text: str):
         """What the rank works on ('a tensor of 10 elements'), for the reports."""
@@ -106,8 +109,9 @@ class Recorder:
                 for c in self.log.unwaited()]
 
     def close(self):
-        self.closed = True
-        os.close(self.fd)
+        with self._lock:
+            self.closed = True
+            os.close(self.fd)
 
 
 @contextlib.contextmanager
