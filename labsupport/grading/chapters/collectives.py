@@ -17,12 +17,9 @@ import torch
 import torch.distributed as dist
 
 from labsupport.grading import checks as grading
+from labsupport.grading.diagnosis import name_of as _name
 
 ALL_GATHERS = ("all_gather_single", "all_gather_into_tensor", "all_gather")
-
-
-def _name(fn) -> str:
-    return getattr(fn, "__name__", None) or "the function"
 
 
 # -- a broadcast from a scatter and an all-gather (van de Geijn) ----------------------

@@ -21,13 +21,10 @@ import torch.distributed as dist
 
 from labsupport import calls
 from labsupport.grading import checks as grading
+from labsupport.grading.diagnosis import name_of as _name
 
 WORLD_SIZES = (2, 4)
 LOOKAHEAD = 4  # receives a chain rank may post before it passes the first segment on
-
-
-def _name(fn) -> str:
-    return getattr(fn, "__name__", None) or "the function"
 
 
 def _messages(log) -> list[tuple]:
