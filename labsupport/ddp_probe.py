@@ -4,6 +4,7 @@
         ...
     log.count, log.nbytes                    # calls and payload bytes in the block
     profile_steps(make_model, wrap, x, y)    # step times and a recorded timeline
+    profile_versions(make_model, {"a": wrap_a, "b": wrap_b}, x, y)  # the same, taking turns
     count_step(make_model, wrap, x, y)       # one step's calls, payload and wire bytes
     state_bytes(model, optimizer)            # bytes of parameters, gradients, optimizer state
 
@@ -128,23 +129,36 @@ def profile_steps(make_model, wrap, x, y, steps=10, warmup=3, lr=0.01) -> dict:
     """Time ``steps`` training steps of ``wrap(make_model())`` on this rank's (x, y).
 
     Every step starts after a barrier, so the ranks start together. Returns
-    this rank's step times (seconds), the events of the last step, and that
-    step's all-reduce calls and payload bytes.
+    this rank's step times (seconds), the events of each timed step
+    (``step_events``) and of the last (``events``), and that step's
+    all-reduce calls and payload bytes.
     """
+    return profile_versions(make_model, {"run": wrap}, x, y, steps, warmup, lr)["run"]
+
+
+def profile_versions(make_model, wraps: dict, x, y, steps=10, warmup=3, lr=0.01) -> dict:
+    """``profile_steps`` of several wrappers ({name: wrap}) at once, {name: its dict}:
+    their steps take turns, so that a burst of load on a shared machine falls
+    on all of them rather than on one."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    model, optimizer, tl, probe = _setup(make_model, wrap, lr, x.device)
-    times = []
+    setups = {name: _setup(make_model, wrap, lr, x.device) for name, wrap in wraps.items()}
+    out = {name: dict(times=[], step_events=[]) for name in wraps}
     for i in range(warmup + steps):
-        tl.events.clear()
-        dist.barrier()
-        with watch_all_reduce(tl) as log:
-            start = tl.now()
-            _step(model, optimizer, x, y, tl, probe)
-            times.append(tl.now() - start)
-    probe.remove()
-    return dict(times=times[warmup:], events=list(tl.events), calls=log.count,
-                nbytes=log.nbytes)
+        for name, (model, optimizer, tl, probe) in setups.items():
+            tl.events = []
+            dist.barrier()
+            with watch_all_reduce(tl) as log:
+                start = tl.now()
+                _step(model, optimizer, x, y, tl, probe)
+                elapsed = tl.now() - start
+            if i >= warmup:
+                out[name]["times"].append(elapsed)
+                out[name]["step_events"].append(tl.events)
+            out[name].update(events=tl.events, calls=log.count, nbytes=log.nbytes)
+    for *_, probe in setups.values():
+        probe.remove()
+    return out
 
 
 def count_step(make_model, wrap, x, y, warmup=3, lr=0.01, settle=0.1) -> dict:

@@ -89,10 +89,14 @@ def cp_min_block(hw, act_bytes=2, inside_node=True) -> float:
     return act_bytes / 2 * hw.flops / bandwidth(hw, inside_node)
 
 
-def pp_min_hidden(hw, layers_per_stage, act_bytes=2, inside_node=True) -> float:
-    """Hidden size above which a stage's forward (24·T·h²·L FLOPs, 12h² per layer)
-    outlasts sending its output (T·h·e bytes): h* = e·C/(24·L·W) (Playbook A3)."""
-    return act_bytes * hw.flops / (24 * layers_per_stage * bandwidth(hw, inside_node))
+def pp_min_hidden(hw, layers_per_stage, act_bytes=2, inside_node=True,
+                  layer_weights=12) -> float:
+    """Hidden size above which a stage's forward (2·k·T·h²·L FLOPs for k·h² weights
+    a layer: k = 12 in a transformer layer, 1 in a Linear(h, h)) outlasts sending
+    its output (T·h·e bytes): h* = e·C/(2·k·L·W), e·C/(24·L·W) for transformer
+    layers (Playbook A3)."""
+    return act_bytes * hw.flops / (2 * layer_weights * layers_per_stage
+                                   * bandwidth(hw, inside_node))
 
 
 def ep_min_ffn(hw, n, act_bytes=2, inside_node=True) -> float:

@@ -63,12 +63,14 @@ class Recorder:
         self.buffer = buffer
         self.log = calls.Log()
         self.closed = False
-        self._lock = threading.Lock()  # strict mode's threads write too: never after close
+        # strict mode completes requests on its own thread: it may write while the
+        # block closes the file, so writing and closing take turns
+        self.lock = threading.Lock()
 
     def write(self, **event):
         event["t"] = time.time()  # wall clock: the kernel compares it with its own
-        with self._lock:
-            if self.closed:  # a request completed after its block: nothing left to explain
+        with self.lock:
+            if self.closed:  # a request finished after its block: nothing left to explain
                 return
             os.write(self.fd, (json.dumps(event) + "\n").encode())
 
@@ -109,7 +111,7 @@ class Recorder:
                 for c in self.log.unwaited()]
 
     def close(self):
-        with self._lock:
+        with self.lock:
             self.closed = True
             os.close(self.fd)
 

@@ -111,3 +111,28 @@ def test_torch_distributed_is_restored_when_the_block_ends_or_raises():
             raise RuntimeError("inside the block")
     for name, fn in originals.items():
         assert getattr(dist, name) is fn and getattr(c10d, name) is fn
+
+
+def test_a_request_finishing_while_the_p2p_log_closes_writes_nothing_and_raises_nothing(
+        tmp_path):
+    """Strict mode finishes requests on its own thread: a late "done" racing the block's
+    close once hit a closed file descriptor (EBADF on stderr failed a graded cell)."""
+    import threading
+
+    from labsupport import p2p_log
+    errors = []
+    for attempt in range(20):
+        rec = p2p_log.Recorder(str(tmp_path / f"{attempt}.jsonl"))
+
+        def late_completions():
+            try:
+                for i in range(2000):
+                    rec.write(ev="done", id=i)
+            except OSError as err:  # the race this test exists for
+                errors.append(err)
+
+        thread = threading.Thread(target=late_completions)
+        thread.start()
+        rec.close()
+        thread.join()
+    assert errors == []
