@@ -21,7 +21,7 @@ __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "backend_of", "c
 
 # Submodules a chapter reaches as ``ls.<name>``, imported on first use so that
 # ``import labsupport`` stays light (it does not import torch by itself).
-_SUBMODULES = {"bench", "bubbles", "calls", "chapter_checks", "checkpointing", "crossings",
+_SUBMODULES = {"bench", "bubbles", "calls", "checkpointing", "crossings",
                "ddp", "ddp_probe", "diagrams", "doctor", "elastic", "grading", "memory",
                "memory_calc", "mesh", "models", "moe", "overlap", "pipeline", "pipeline_sim",
                "planner", "plots", "profiling", "resumable", "ring", "ring_attention",

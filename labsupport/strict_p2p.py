@@ -32,10 +32,9 @@ process group (NCCL's stream), run by a helper thread in issue order:
   raises (on gloo that wait never returns), so code that passes here runs
   on both.
 
-So a pattern that can hang on NCCL hangs here too, on a CPU, and
-``labsupport.p2p_log`` records what each operation was queued behind
-(``grading.deadlock`` explains it). Every rank calls ``install`` at start
-(``launch.rank_main``, ``launch.torchrun``); it does nothing unless asked.
+So a pattern that can hang on NCCL hangs here too, on a CPU, and ``labsupport.p2p_log`` records
+what each operation was queued behind (``grading.deadlock`` explains it). Every rank calls
+``install`` at start (``launch.rank_main``, ``launch.torchrun``); it does nothing unless asked.
 """
 import collections
 import inspect
@@ -92,7 +91,7 @@ class StrictWork:
     """What a strict isend/irecv returns: done when its queue has run it."""
 
     def __init__(self):
-        self._lock, self._done = threading.Lock(), threading.Event()
+        self._lock, self._done = threading.RLock(), threading.Event()
         self._error, self._callbacks, self._waited = None, [], False
 
     def wait(self, timeout=None):
@@ -130,12 +129,14 @@ class StrictWork:
         return future
 
     def _finish(self, error):
-        with self._lock:
+        with self._lock:  # callbacks first: wait() returns once they have run
             self._error = error
-            self._done.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
+            try:  # (calls' "done" is written before the waiter's record closes)
+                for callback in self._callbacks:
+                    callback()
+            finally:
+                self._callbacks = []
+                self._done.set()  # even if a callback raised: no waiter hangs
 
 
 class _Stream:
@@ -254,9 +255,8 @@ def _complete_one(work, request):
     try:
         _complete(work)
     except BaseException as error:
-        request._finish(error)
-    else:
-        request._finish(None)
+        return request._finish(error)
+    request._finish(None)
 
 
 def _ordered(original):

@@ -178,3 +178,4 @@ def test_chunk_bounds_and_names_follow_tensor_split():
     assert p2p_log.describe_tensor(t[1:4], t, 4) == "elements 1:4 of the tensor"
     assert p2p_log.describe_tensor(torch.zeros(3), t, 4) == "a separate 3-element tensor"
     assert p2p_log.describe_tensor(torch.zeros(3), None, 4) == "a 3-element tensor"
+

@@ -163,6 +163,27 @@ def test_their_fixed_forms_pass_by_nccls_rules(strict):
     assert sum(per_rank) == 20  # the 10 Linear layers' weights and biases, once
 
 
+def _callbacks_before_wait_returns():
+    """Rank 0's requests get a slow completion callback before they can complete
+    (rank 1 posts late): has it run when their wait() returns?"""
+    peer, ran = 1 - dist.get_rank(), []
+    if dist.get_rank() == 1:
+        time.sleep(0.3)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(2), peer),
+                                    dist.P2POp(dist.irecv, torch.empty(2), peer)])
+    for work in works:
+        work.on_done(lambda: (time.sleep(0.2), ran.append(True)))
+    for work in works:
+        work.wait()
+    return len(ran)
+
+
+def test_a_request_is_done_only_once_its_callbacks_have_run(strict):
+    """What p2p_log's "done" relies on: written before the waiter's record closes
+    (else a late write hit a closed file, and the rank's stderr zeroed a cell)."""
+    assert strict.run(_callbacks_before_wait_returns, timeout=20) == [2, 2]
+
+
 def _waits_twice():
     peer = 1 - dist.get_rank()
     works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(2), peer),

@@ -191,3 +191,10 @@ def test_bandwidth_and_alpha_beta_draw_one_curve_per_op_and_size():
     fits = {(label, n): (1e-3, 1e9) for label in ("a", "b") for n in (2, 4)}
     fig = diagrams.alpha_beta(rows, fits)
     assert len(fig.data) == 8 and math.isclose(fig.data[1].y[0], 1e-3 * 1e3 + 1024 / 1e6)
+
+
+def test_alpha_beta_marks_each_sizes_fastest_repeat_the_time_chapter_2_fits():
+    rows = [sweep.Row("a", 2, s, 5e-3, s / 5e-3, 0.0, fastest=1e-3, slowest=9e-3)
+            for s in (1024, 4096)]
+    fig = diagrams.alpha_beta(rows, {("a", 2): (1e-3, 1e9)})
+    assert list(fig.data[0].y) == [1.0, 1.0]  # ms: the fastest, not the median

@@ -9,6 +9,9 @@ launcher's own rule, ``session.group_for``; gloo even on GPUs, whose blocking
 ``launch.limits``). An exception becomes an AssertionError with the
 student's frames only; a deadlock, which message each stuck rank waited for
 (recorded by ``labsupport.p2p_log``, explained by ``grading.deadlock``).
+A chapter's untouched your-turn stub, ``raise ls.NotWritten(...)`` on every
+failing rank, comes back as that NotWritten, so that ``your_turn.check``
+says "not written yet" instead of failing.
 """
 import os
 import re
@@ -20,6 +23,7 @@ from labsupport import p2p_log
 from labsupport.grading.deadlock import explain as explain_deadlock
 from labsupport.launch import limits, session
 from labsupport.launch.errors import RankError, RankTimeout
+from labsupport.your_turn import NotWritten
 
 TIMEOUT = limits.grading_timeout()
 
@@ -36,10 +40,21 @@ def run_on_ranks(rank_fn, args, world_size, timeout, name):
     try:
         return cluster.run(rank_fn, log_dir, *args, timeout=timeout)
     except RankError as err:
+        stub = _not_written(err)
+        if stub is not None:
+            raise stub from None
         logs = {r: p2p_log.read(log_path(log_dir, r)) for r in range(world_size)}
         raise AssertionError(_explain(err, logs, name, world_size, timeout)) from None
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _not_written(err: RankError):
+    """The NotWritten every failing rank raised (an untouched stub), else None."""
+    if isinstance(err, RankTimeout) or not err.ranks:
+        return None
+    raised = [err.exception(rank) for rank in err.ranks]
+    return raised[0] if all(isinstance(e, NotWritten) for e in raised) else None
 
 
 def log_path(log_dir, rank) -> str:
