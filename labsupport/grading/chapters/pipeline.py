@@ -1,15 +1,19 @@
-"""Chapter 5's your-turn checks: the bubble read from a timeline, 1F1B's order on a rank.
+"""Chapter 5's your-turn checks: the bubble read from a timeline, 1F1B under a memory budget.
 
     from labsupport.grading.chapters import pipeline as checks
     checks.check_bubble(bubble_fraction)        # in chapter 5's check cells
-    checks.check_order_1f1b(order_1f1b)
+    checks.check_order_1f1b_capped(order_1f1b_capped)
 
 ``check_bubble`` runs the reader's function on the ideal timelines of three
 schedules (with waits on another lane, which are not work) and compares it
-with ``timeline.bubble``; ``check_order_1f1b`` compares the reader's order
-with the one ``pipeline.train_step_1f1b`` plays, on every rank of 2 to 4
-stages and 1 to 8 micro-batches, and shows the first operation that
-differs. Until the function is written, a check says so without failing.
+with ``timeline.bubble``; ``check_order_1f1b_capped`` checks the reader's
+order of 1F1B with at most ``limit`` micro-batches stashed on a rank (an F
+stashes its micro-batch, the B of that micro-batch frees it), on every rank
+of 2 to 4 stages, 1 to 8 micro-batches and limits 1 to p + 1: each of the
+2m operations once, no B before its F, the stash within the limit after
+every operation, then the first operation that runs later (or earlier)
+than it could. Until the function is written, a check says so without
+failing.
 """
 from labsupport import your_turn
 
@@ -18,43 +22,88 @@ def _name(fn) -> str:
     return getattr(fn, "__name__", "the function")
 
 
-def _reference_order(rank, world_size, m):
+def _order_1f1b(rank, world_size, m):
     from labsupport import pipeline, pipeline_sim
     recorder = pipeline_sim.OrderRecorder(rank, world_size, m)
     pipeline.train_step_1f1b(recorder)
     return [(kind, i) for kind, _, i in recorder.ops]
 
 
-def _first_difference(got, want) -> int:
-    return next((k for k, (a, b) in enumerate(zip(got, want)) if a != b),
-                min(len(got), len(want)))
+def _reference_capped(rank, world_size, m, limit):
+    # 1F1B's rank r peaks at p - r stashed; a budget of `limit` < p - r makes
+    # rank r run the order of the 1F1B rank that peaks at `limit`: p - limit.
+    return _order_1f1b(max(rank, world_size - limit), world_size, m)
 
 
-def order_1f1b(fn):
-    """``fn(rank, world_size, m)`` is 1F1B's list of ("F", i) and ("B", i) on that rank."""
+def _call(fn, rank, world_size, m, limit) -> str:
+    return f"{_name(fn)}({rank}, {world_size}, {m}, {limit})"
+
+
+def _all_once(got, m, where):
+    want = [(kind, i) for kind in "FB" for i in range(m)]
+    missing = [op for op in want if op not in got]
+    extra = [op for k, op in enumerate(got) if op not in want or op in got[:k]]
+    if missing or extra:
+        raise AssertionError(
+            f"{where} must return each of ('F', i) and ('B', i) for i = 0..{m - 1} "
+            f"exactly once ({2 * m} operations, tuples of 'F' or 'B' and an int); "
+            f"you returned {len(got)}: missing {missing[:4]}, repeated or foreign "
+            f"{extra[:4]}.\n  got {got}")
+
+
+def _within_budget(got, limit, where):
+    stash = []  # micro-batches whose activations this rank holds
+    for k, (kind, i) in enumerate(got):
+        if kind == "F":
+            stash.append(i)
+        elif i not in stash:
+            raise AssertionError(
+                f"{where}: operation {k} is ('B', {i}) before ('F', {i}): a backward "
+                f"needs its micro-batch's activations, stashed by its forward.\n"
+                f"  got {got}")
+        else:
+            stash.remove(i)
+        if len(stash) > limit:
+            raise AssertionError(
+                f"{where}: after operation {k} {(kind, i)} the rank stashes "
+                f"{len(stash)} micro-batches {stash}, over the limit of {limit}. "
+                f"An F stashes its micro-batch, the B of that micro-batch frees it; "
+                f"run a backward before this forward.\n  got {got}")
+
+
+def order_1f1b_capped(fn):
+    """``fn(rank, world_size, m, limit)``: 1F1B's order with at most ``limit`` stashed."""
     for world_size in (2, 3, 4):
         for m in (1, 2, 4, 8):
-            for rank in range(world_size):
-                got, want = list(fn(rank, world_size, m)), _reference_order(rank, world_size, m)
-                if got == want:
-                    continue
-                k = _first_difference(got, want)
-                warmup = min(world_size - rank - 1, m)
-                mine = got[k] if k < len(got) else "missing"
-                theirs = want[k] if k < len(want) else "nothing"
-                raise AssertionError(
-                    f"{_name(fn)}({rank}, {world_size}, {m}): operation {k} is "
-                    f"{mine}, expected {theirs} (you returned {len(got)} operations, "
-                    f"1F1B has {2 * m}).\n  got      {got}\n  expected {want}\n"
-                    f"Rank {rank} of {world_size} runs {warmup} warm-up forwards, then "
-                    f"one forward and one backward {m - warmup} times, then the "
-                    f"{warmup} remaining backwards.")
+            for limit in range(1, world_size + 2):
+                for rank in range(world_size):
+                    _one_case(fn, rank, world_size, m, limit)
 
 
-def check_order_1f1b(fn):
-    """The check cell of ``order_1f1b``."""
-    return your_turn.check(lambda: order_1f1b(fn), _name(fn),
-                           "1F1B's order, every rank, p = 2..4, m = 1..8")
+def _one_case(fn, rank, world_size, m, limit):
+    where = _call(fn, rank, world_size, m, limit)
+    got = [tuple(op) if isinstance(op, (tuple, list)) else op
+           for op in fn(rank, world_size, m, limit)]
+    _all_once(got, m, where)
+    _within_budget(got, limit, where)
+    want = _reference_capped(rank, world_size, m, limit)
+    if got == want:
+        return
+    k = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
+    peak = min(world_size - rank, limit, m)
+    raise AssertionError(
+        f"{where}: operation {k} is {got[k]}, expected {want[k]}.\n"
+        f"  got      {got}\n  expected {want}\n"
+        f"Every operation as early as 1F1B allows within the budget: rank {rank} "
+        f"of {world_size} stashes at most min(p - rank, limit, m) = {peak}, so it "
+        f"runs {peak - 1} warm-up forward(s) before its first backward, then one forward "
+        f"and one backward, then the remaining backwards.")
+
+
+def check_order_1f1b_capped(fn):
+    """The check cell of ``order_1f1b_capped``."""
+    return your_turn.check(lambda: order_1f1b_capped(fn), _name(fn),
+                           "every rank, p = 2..4, m = 1..8, limit = 1..p+1")
 
 
 def bubble(fn):
