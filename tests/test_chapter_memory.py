@@ -1,9 +1,9 @@
-# Run: .venv/bin/python -m pytest tests/test_grading_memory.py
-"""The memory chapter's your-turn checks pass the reference and fail plausible wrong answers."""
+# Run: .venv/bin/python -m pytest tests/test_chapter_memory.py
+"""Chapter 0's your-turn checks (grading.chapters.memory) pass the reference and fail plausible wrong answers."""
 import pytest
 
 from labsupport import memory
-from labsupport.grading import memory as grading_memory
+from labsupport.grading.chapters import memory as grading_memory
 from labsupport.your_turn import NotWritten, check
 
 

@@ -1,4 +1,8 @@
-"""Checks behind the memory chapter's ``your-turn`` cells (the lead moves this into labsupport.grading).
+"""Chapter 0's your-turn checks: a model's states counted, one layer's activations.
+
+    from labsupport.grading.chapters import memory as checks
+    checks.check_state_bytes(state_bytes)
+    checks.check_layer_activation_bytes(layer_activation_bytes)
 
 Each check runs the reader's function on models built here and compares it
 with bytes counted from real tensors, raising an AssertionError that names
