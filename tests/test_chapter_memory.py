@@ -1,37 +1,59 @@
 # Run: .venv/bin/python -m pytest tests/test_chapter_memory.py
 """Chapter 0's your-turn checks (grading.chapters.memory) pass the reference and fail plausible wrong answers."""
 import pytest
+import torch
 
-from labsupport import memory
 from labsupport.grading.chapters import memory as grading_memory
 from labsupport.your_turn import NotWritten, check
 
 
-def right_states(model, optimizer):
+def predicted(model, optimizer):
     params = list(model.parameters())
-    return {"params": memory.storage_bytes(params),
-            "grads": memory.storage_bytes(p.grad for p in params),
-            "optimizer": memory.optimizer_state_bytes(optimizer)}
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    if isinstance(optimizer, torch.optim.Adam):                 # AdamW too
+        kept = 2 * nbytes + 4 * len(params)                     # m, v; fp32 step
+    else:
+        kept = nbytes if optimizer.defaults["momentum"] else 0
+    return {"params": nbytes, "grads": nbytes, "optimizer": kept}
 
 
-def test_state_bytes_check():
-    grading_memory.check_state_bytes(right_states)
+def test_predicted_state_bytes_check():
+    grading_memory.check_predicted_state_bytes(predicted)
 
     def four_bytes_each(model, optimizer):    # forgets bf16 is 2 bytes
-        n = sum(p.numel() for p in model.parameters())
-        return {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n}
-
-    with pytest.raises(AssertionError, match="bytes, counted"):
-        grading_memory.check_state_bytes(four_bytes_each)
-
-    def no_step_counters(model, optimizer):
-        out = right_states(model, optimizer)
-        out["optimizer"] = sum(v.numel() * v.element_size() for s in optimizer.state.values()
-                               for k, v in s.items() if k != "step")
+        out = predicted(model, optimizer)
+        params = list(model.parameters())
+        if params[0].dtype == torch.bfloat16:
+            out = predicted(model.float(), optimizer)
+            model.bfloat16()
         return out
 
-    with pytest.raises(AssertionError, match="optimizer = "):
-        grading_memory.check_state_bytes(no_step_counters)
+    with pytest.raises(AssertionError, match="bf16 GPT.*bytes predicted"):
+        grading_memory.check_predicted_state_bytes(four_bytes_each)
+
+    def no_step_counters(model, optimizer):
+        out = predicted(model, optimizer)
+        if isinstance(optimizer, torch.optim.Adam):
+            out["optimizer"] -= 4 * len(list(model.parameters()))
+        return out
+
+    with pytest.raises(AssertionError, match="optimizer = .*fp32 `step`"):
+        grading_memory.check_predicted_state_bytes(no_step_counters)
+
+    def momentum_always(model, optimizer):
+        out = predicted(model, optimizer)
+        if not isinstance(optimizer, torch.optim.Adam):
+            out["optimizer"] = out["params"]
+        return out
+
+    with pytest.raises(AssertionError, match="plain SGD: optimizer"):
+        grading_memory.check_predicted_state_bytes(momentum_always)
+
+    def state_counted_now(model, optimizer):   # counts tensors that do not exist yet
+        return {"params": 0, "grads": 0, "optimizer": 0}
+
+    with pytest.raises(AssertionError, match="params = 0 bytes predicted"):
+        grading_memory.check_predicted_state_bytes(state_counted_now)
 
 
 def right_layer(s, b, h, a):
