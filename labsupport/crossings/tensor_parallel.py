@@ -28,7 +28,7 @@ from labsupport.crossings import Crossing
 
 TP = 2
 TOKENS = 256                                              # T, tokens per rank
-HIDDENS = {False: [16, 32, 64, 128, 256, 512], True: [16, 64, 256]}
+HIDDENS = {False: [16, 32, 64, 128, 256, 512], True: [32, 128, 512]}
 REPEATS = {False: 7, True: 5}
 LINK_BYTES = [1 << k for k in range(10, 21, 2)]          # 1 KiB .. 1 MiB
 ELEMENT = 4                                               # fp32 activations
