@@ -28,9 +28,9 @@ from labsupport.crossings import Crossing
 
 TP = 2
 TOKENS = 256                                              # T, tokens per rank
-HIDDENS = {False: [16, 32, 64, 128, 256, 512], True: [32, 128, 512]}
-REPEATS = {False: 7, True: 5}
-LINK_BYTES = [1 << k for k in range(10, 21, 2)]          # 1 KiB .. 1 MiB
+HIDDENS = {False: [16, 32, 64, 128, 256, 512], True: [32, 64, 128, 256, 512]}
+REPEATS = {False: 9, True: 9}
+LINK_BYTES = [1 << k for k in range(10, 23, 2)]          # 1 KiB .. 4 MiB
 ELEMENT = 4                                               # fp32 activations
 
 
