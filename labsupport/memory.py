@@ -14,7 +14,7 @@ Formulas follow Rajbhandari et al., "ZeRO" (arXiv 1910.02054), Section 3.1 and
 Figure 1: with Adam, K = 12 bytes of optimizer state per parameter in mixed
 precision (fp32 master weights, momentum, variance), 2 + 2 bytes of 16-bit
 weights and gradients; in fp32 training the weights are their own master copy,
-so 4 + 4 + 8.
+so 4 + 4 + 8. The activations' formula is ``memory_calc.activation_bytes_per_layer``.
 """
 import contextlib
 import weakref
@@ -111,21 +111,6 @@ def saved_tensors(exclude=()):
     tally = SavedTensors(exclude)
     with torch.autograd.graph.saved_tensors_hooks(tally.pack, lambda t: t):
         yield tally
-
-
-def korthikanti_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1,
-                                 sp: bool = False) -> float:
-    """Activation bytes of one transformer layer, Korthikanti et al. 2022, Table 2.
-
-    16-bit activations, with dropout, no recomputation (arXiv 2205.05198, Eq. 1-3):
-    no parallelism sbh(34 + 5as/h); tensor parallel sbh(10 + 24/t + 5as/(ht));
-    tensor + sequence parallel sbh/t (34 + 5as/h).
-    """
-    if t == 1:
-        return s * b * h * (34 + 5 * a * s / h)
-    if sp:
-        return s * b * h / t * (34 + 5 * a * s / h)
-    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
 
 
 class PeakTally(TorchDispatchMode):

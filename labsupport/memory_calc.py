@@ -54,17 +54,22 @@ PRESETS = {
 
 
 def activation_bytes_per_layer(s, b, h, a, e=2, dropout=True, m=1, recompute="none",
-                               t=1, sp=False) -> float:
+                               t=1, sp=False, flash=False) -> float:
     """Bytes one transformer layer saves for backward (Korthikanti et al. 2022, §4, Table 2).
 
-    ``e`` bytes per activation value, ``m`` bytes per dropout-mask element.
-    Not split by tensor parallelism (without sequence parallelism): the two
-    LayerNorm inputs 2e, the QKV and fc1 inputs 2e, two dropout masks 2m.
-    Split over t: Q, K, V 3e, the out-projection input e, GELU's input and
-    fc2's input 8e; attention scores: softmax output e, with dropout its mask
-    m and output e, per score (a·s² of them per sequence).
+    The book's one activation formula. ``e`` bytes per activation value, ``m``
+    bytes per dropout-mask element, ``t`` the TP degree. Not split by tensor
+    parallelism (without sequence parallelism): the two LayerNorm inputs 2e,
+    the QKV and fc1 inputs 2e, two dropout masks 2m. Split over t: Q, K, V
+    3e, the out-projection input e, GELU's input and fc2's input 8e;
+    attention scores: softmax output e, with dropout its mask m and output e,
+    per score (a·s² of them per sequence).
     ``recompute="selective"`` drops the scores (recomputed in backward);
     ``"full"`` keeps only the layer's input, e·sbh (Table 2 keeps it unsplit).
+    ``flash=True``: attention's core is one FlashAttention kernel (Dao et al.
+    2022, arXiv 2205.14135; torch's SDPA), which keeps no scores, only each
+    row's fp32 log-sum-exp, 4 bytes per head and token: 4as·b (its output is
+    the out-projection's input, counted already).
     With e = 2, m = 1: sbh(34 + 5as/h), sbh(10 + 24/t + 5as/(ht)), sbh/t·(34 + 5as/h).
     """
     if recompute not in RECOMPUTE:
@@ -76,6 +81,8 @@ def activation_bytes_per_layer(s, b, h, a, e=2, dropout=True, m=1, recompute="no
     mask = m if dropout else 0
     unsplit, split = 4 * e + 2 * mask, 12 * e
     scores = (e + (mask + e if dropout else 0)) * a * s * s * b / t
+    if flash:
+        scores = 4 * a * s * b / t
     if recompute == "selective":
         scores = 0
     if sp:
@@ -90,7 +97,7 @@ def head_activation_bytes(s, b, h, vocab, e=2, dropout=True, m=1) -> float:
 
 
 def training_memory(model: Model, seq, batch, precision="mixed", checkpointing="none",
-                    n=1, parallelism="dp", dropout=True) -> dict:
+                    n=1, parallelism="dp", dropout=True, flash=False) -> dict:
     """Bytes per device of one training step with Adam: states and activations.
 
     ``batch`` is the micro-batch each device runs at once. ``parallelism`` over
@@ -99,7 +106,8 @@ def training_memory(model: Model, seq, batch, precision="mixed", checkpointing="
     Korthikanti's Table 2; "pp" keeps L/n layers' states, and with 1F1B the
     first stage holds n micro-batches of L/n layers: L layers' activations;
     "cp" splits the sequence, so every activation term, scores included
-    (local queries x all keys), is divided by n. Returns {"params", "grads",
+    (local queries x all keys), is divided by n. ``flash``: attention through
+    FlashAttention (no scores kept). Returns {"params", "grads",
     "optimizer", "activations", "total"}; activations of the layers only.
     """
     if parallelism not in PARALLELISMS:
@@ -113,7 +121,8 @@ def training_memory(model: Model, seq, batch, precision="mixed", checkpointing="
     del out["total"]
     t = n if parallelism.startswith("tp") else 1
     layer = activation_bytes_per_layer(seq, batch, model.hidden, model.heads, e, dropout,
-                                       recompute=checkpointing, t=t, sp=parallelism == "tp+sp")
+                                       recompute=checkpointing, t=t, sp=parallelism == "tp+sp",
+                                       flash=flash)
     out["activations"] = model.layers * layer / (n if parallelism == "cp" else 1)
     out["total"] = sum(out.values())
     return out

@@ -1,7 +1,7 @@
 """Tensor parallelism (Megatron-LM) and sequence parallelism (Megatron-SP), chapter 4.
 
     y = RowParallelLinear(fc2, group)(ColumnParallelLinear(fc1, group)(enter_tp(x)))
-    with tp_probe.record() as log: ...          # every collective of the operators below
+    with calls.record() as log: ...             # tp_probe.collectives(log): op, phase, S
     # the whole decoder split over a group: labsupport.tp_gpt.TensorParallelGPT
 
 Shoeybi et al., "Megatron-LM" (arXiv 1909.08053), Section 3: the conjugate
@@ -10,10 +10,10 @@ Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
 Models" (arXiv 2205.05198), Section 4.2.2: sequence parallelism replaces
 f/g by all-gather / reduce-scatter along the sequence (g and g-bar).
 Every collective takes ``group=`` (None: the default group), so chapter 8
-runs the same layers inside the tp sub-group of a 2-D mesh. Each call is
-logged by ``labsupport.tp_probe.record`` (operation, forward/backward, payload bytes).
-The code between the lesson markers is the notebook's, character for
-character (tests/test_tensor_parallel.py).
+runs the same layers inside the tp sub-group of a 2-D mesh. Each goes
+through torch.distributed's module, so ``labsupport.calls.record`` (the one
+recorder) sees it. The code between the lesson markers is the notebook's,
+character for character (tests/test_tensor_parallel.py).
 """
 import torch
 import torch.distributed as dist
@@ -24,42 +24,38 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel,
     SequenceParallel, parallelize_module)
 
-from labsupport.tp_probe import log_collective
-
 
 # --- lesson: notebooks/04_tensor_parallel.ipynb (the notebook's copy must match) ---
-def all_reduce(x, phase, group=None):
+def all_reduce(x, group=None):
     """Sum of ``x`` over the ranks of ``group`` (a new tensor)."""
     x = x.clone()
     dist.all_reduce(x, group=group)
-    log_collective("all_reduce", phase, x)
     return x
 
 
-def all_gather(x, dim, phase, group=None):
+def all_gather(x, dim, group=None):
     """The ranks' ``x`` concatenated along ``dim``, in rank order."""
-    t = dist.get_world_size(group)
+    world_size = dist.get_world_size(group)
     x0 = x.movedim(dim, 0).contiguous()                   # gather along dim 0
-    out = x0.new_empty((t * x0.shape[0], *x0.shape[1:]))
+    out = x0.new_empty((world_size * x0.shape[0], *x0.shape[1:]))
     dist.all_gather_single(out, x0, group=group)
-    log_collective("all_gather", phase, out)
     return out.movedim(0, dim).contiguous()
 
 
-def reduce_scatter(x, dim, phase, group=None):
+def reduce_scatter(x, dim, group=None):
     """This rank's chunk along ``dim`` of the sum of ``x`` over the ranks."""
-    t = dist.get_world_size(group)
+    world_size = dist.get_world_size(group)
     x0 = x.movedim(dim, 0).contiguous()
-    out = x0.new_empty((x0.shape[0] // t, *x0.shape[1:]))
+    out = x0.new_empty((x0.shape[0] // world_size, *x0.shape[1:]))
     dist.reduce_scatter_single(out, x0, group=group)
-    log_collective("reduce_scatter", phase, x0)
     return out.movedim(0, dim).contiguous()
 
 
 def my_chunk(x, dim, group=None):
     """A copy of this rank's chunk of ``x`` along ``dim`` (no communication)."""
-    t, rank = dist.get_world_size(group), dist.get_rank(group)
-    return x.chunk(t, dim)[rank].clone(memory_format=torch.contiguous_format)
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    return x.chunk(world_size, dim)[rank].clone(
+        memory_format=torch.contiguous_format)
 
 
 class CopyToTP(torch.autograd.Function):
@@ -72,7 +68,7 @@ class CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return all_reduce(grad, "backward", ctx.group), None
+        return all_reduce(grad, ctx.group), None
 
 
 class ReduceFromTP(torch.autograd.Function):
@@ -80,7 +76,7 @@ class ReduceFromTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        return all_reduce(x, "forward", group)
+        return all_reduce(x, group)
 
     @staticmethod
     def backward(ctx, grad):
@@ -94,13 +90,13 @@ class GatherFromSP(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, dim, group):                      # (b, s/t, h)
+    def forward(ctx, x, dim, group):                      # (b, s/N, h)
         ctx.dim, ctx.group = dim, group
-        return all_gather(x, dim, "forward", group)       # (b, s, h)
+        return all_gather(x, dim, group)                  # (b, s, h)
 
     @staticmethod
     def backward(ctx, grad):                              # (b, s, h)
-        return reduce_scatter(grad, ctx.dim, "backward", ctx.group), None, None
+        return reduce_scatter(grad, ctx.dim, ctx.group), None, None
 
 
 class ReduceScatterToSP(torch.autograd.Function):
@@ -109,20 +105,20 @@ class ReduceScatterToSP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim, group):                      # (b, s, h) partial
         ctx.dim, ctx.group = dim, group
-        return reduce_scatter(x, dim, "forward", group)   # (b, s/t, h)
+        return reduce_scatter(x, dim, group)              # (b, s/N, h)
 
     @staticmethod
-    def backward(ctx, grad):                              # (b, s/t, h)
-        return all_gather(grad, ctx.dim, "backward", ctx.group), None, None
+    def backward(ctx, grad):                              # (b, s/N, h)
+        return all_gather(grad, ctx.dim, ctx.group), None, None
 
 
 class GatherLastDim(torch.autograd.Function):
     """All-gather along the last dim; backward keeps this rank's slice."""
 
     @staticmethod
-    def forward(ctx, x, group):                           # (b, s, V/t)
+    def forward(ctx, x, group):                           # (b, s, V/N)
         ctx.group = group
-        return all_gather(x, -1, "forward", group)        # (b, s, V)
+        return all_gather(x, -1, group)                   # (b, s, V)
 
     @staticmethod
     def backward(ctx, grad):
@@ -132,14 +128,14 @@ class GatherLastDim(torch.autograd.Function):
 def enter_tp(x, group=None, sequence_parallel=False):
     """Into a parallel region: f (TP), or all-gather of the sequence (SP)."""
     if sequence_parallel:
-        return GatherFromSP.apply(x, 1, group)        # (b, s/t, h) -> (b, s, h)
+        return GatherFromSP.apply(x, 1, group)        # (b, s/N, h) -> (b, s, h)
     return CopyToTP.apply(x, group)
 
 
 def exit_tp(x, group=None, sequence_parallel=False):
     """Out of a parallel region: g (TP), or reduce-scatter of the sequence."""
     if sequence_parallel:
-        return ReduceScatterToSP.apply(x, 1, group)   # (b, s, h) -> (b, s/t, h)
+        return ReduceScatterToSP.apply(x, 1, group)   # (b, s, h) -> (b, s/N, h)
     return ReduceFromTP.apply(x, group)
 
 
@@ -158,7 +154,7 @@ class ColumnParallelLinear(nn.Module):
             nn.Parameter(my_chunk(linear.bias.detach(), 0, group))
 
     def forward(self, x):                                 # (b, s, h_in)
-        return F.linear(x, self.weight, self.bias)        # (b, s, h_out/t)
+        return F.linear(x, self.weight, self.bias)        # (b, s, h_out/N)
 
 
 class RowParallelLinear(nn.Module):
@@ -176,14 +172,14 @@ class RowParallelLinear(nn.Module):
         self.bias = None if linear.bias is None else \
             nn.Parameter(linear.bias.detach().clone())
 
-    def forward(self, x):                                 # (b, s, h_in/t)
+    def forward(self, x):                                 # (b, s, h_in/N)
         partial = F.linear(x, self.weight)            # (b, s, h_out) partial
         y = exit_tp(partial, self.group, self.sequence_parallel)
         return y if self.bias is None else y + self.bias
 
 
 def masked_lookup(ids, weight, start):
-    """Rows of ``weight`` (this rank's V/t rows, from id ``start``), else 0."""
+    """Rows of ``weight`` (this rank's V/N rows, from id ``start``), else 0."""
     local = ids - start                                   # (b, s)
     outside = (local < 0) | (local >= weight.shape[0])
     rows = F.embedding(local.masked_fill(outside, 0), weight)     # (b, s, h)
@@ -191,7 +187,7 @@ def masked_lookup(ids, weight, start):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Rank i holds rows [i V/t, (i+1) V/t) of the table (Megatron Section 3).
+    """Rank i holds rows [i V/N, (i+1) V/N) of the table (Megatron Section 3).
 
     Ids outside the slice look up zeros; summing over the ranks (g, or a
     reduce-scatter of the sequence under SP) gives every id its row.
@@ -202,7 +198,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
         self.shard_dims = {"weight": 0}
-        weight = my_chunk(embedding.weight.detach(), 0, group)  # (V/t, h)
+        weight = my_chunk(embedding.weight.detach(), 0, group)  # (V/N, h)
         self.weight = nn.Parameter(weight)
         self.start = dist.get_rank(group) * self.weight.shape[0]
 
@@ -223,14 +219,14 @@ class TensorParallelBlock(nn.Module):
         self.group, self.sequence_parallel = group, sequence_parallel
         self.ln1, self.attn = block.ln1, block.attn
         self.ln2, self.mlp, self.dropout = block.ln2, block.mlp, block.dropout
-        for name in ("q", "k", "v"):                     # a/t heads per rank
+        for name in ("q", "k", "v"):                     # a/N heads per rank
             column = ColumnParallelLinear(getattr(self.attn, name), group)
             setattr(self.attn, name, column)
         self.attn.o = RowParallelLinear(self.attn.o, group, sequence_parallel)
         self.mlp.fc1 = ColumnParallelLinear(self.mlp.fc1, group)
         self.mlp.fc2 = RowParallelLinear(self.mlp.fc2, group, sequence_parallel)
 
-    def forward(self, x):                         # (b, s, h) or (b, s/t, h)
+    def forward(self, x):                         # (b, s, h) or (b, s/N, h)
         def enter(y):
             return enter_tp(y, self.group, self.sequence_parallel)
         x = x + self.dropout(self.attn(enter(self.ln1(x))))

@@ -1,39 +1,29 @@
-"""Measurement and checking helpers of chapter 4 (tensor parallelism).
+"""Measurement helpers of chapter 4 (tensor parallelism), built on ``labsupport.calls``.
 
-    with tp_probe.record() as log:              # every collective of labsupport.tensor_parallel
+    with calls.record() as log:                 # the one recorder of torch.distributed calls
         loss = tp_model(ids, targets)
+    tp_probe.collectives(log)                   # [{"op", "phase", "nbytes", "ranks"}]
     tp_probe.shard_like(tp_model, full_grads, tp_rank, tp_world_size)
     tp_probe.local_grad(dtensor_param)          # DTensor's gradient in our layout
-"""
-import contextlib
 
+The chapter's your-turn checks are in ``labsupport.grading.chapters.tensor_parallel``.
+"""
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 from torch import nn
 
-_log = None  # a list while record() is active
+# torch.distributed's names of the lesson's collectives, and the book's
+_SHORT = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter"}
 
 
-@contextlib.contextmanager
-def record():
-    """Log every collective of the chapter's operators: dicts(op, phase, nbytes, shape).
-
-    ``nbytes`` is the collective's payload S: the tensor of an all-reduce, the
-    gathered (full) tensor of an all-gather, the input of a reduce-scatter.
-    """
-    global _log
-    outer, _log = _log, []
-    try:
-        yield _log
-    finally:
-        _log = outer
-
-
-def log_collective(op: str, phase: str, tensor: torch.Tensor):
-    """Called by the operators: append one entry to the active record(), if any."""
-    if _log is not None:
-        _log.append(dict(op=op, phase=phase, nbytes=tensor.numel() * tensor.element_size(),
-                         shape=tuple(tensor.shape)))
+def collectives(log) -> list[dict]:
+    """The collectives of a ``calls.record()`` block, in call order: ``op`` (all_reduce,
+    all_gather, reduce_scatter), ``phase`` ("forward", or "backward" when autograd
+    ran it), ``nbytes`` (the payload S: the tensor of an all-reduce, the full tensor
+    of an all-gather or a reduce-scatter) and ``ranks`` (the group's)."""
+    return [dict(op=_SHORT.get(c["op"], c["op"]), nbytes=c["nbytes"], ranks=c["ranks"],
+                 phase="backward" if c["in_backward"] else "forward")
+            for c in log.calls if c["kind"] == "collective"]
 
 
 def local_grad(param) -> torch.Tensor:
@@ -65,60 +55,6 @@ def shard_like(tp_model: nn.Module, full: dict, rank: int, world_size: int) -> d
         dim = getattr(modules[owner], "shard_dims", {}).get(attr)
         out[name] = full[name] if dim is None else full[name].chunk(world_size, dim)[rank]
     return out
-
-
-# -- the checks behind the chapter's your-turn cells ----------------------------------
-
-def check_reduce_from_tp(g):
-    """The reader's g, ``g.apply(x, group)``, on this rank: sum forward, identity backward."""
-    import torch.distributed as dist
-    rank, n = dist.get_rank(), dist.get_world_size()
-    x = (torch.arange(6.0).view(2, 3) * (rank + 1)).requires_grad_()
-    y = g.apply(x, None)
-    want = torch.arange(6.0).view(2, 3) * n * (n + 1) / 2
-    assert isinstance(y, torch.Tensor) and torch.equal(y.detach(), want), (
-        f"rank {rank}: forward returned {_show(y)}; g's forward is the sum over the "
-        f"{n} ranks, {want.tolist()} (dist.all_reduce of a copy of x)")
-    y.backward(torch.full_like(y, rank + 1.0))
-    assert x.grad is not None and torch.equal(x.grad, torch.full_like(x, rank + 1.0)), (
-        f"rank {rank}: backward gave x.grad = {_show(x.grad)} for an incoming gradient of "
-        f"{rank + 1.0} everywhere; g's backward is the identity: each rank keeps its own "
-        "gradient (an all-reduce there is f's backward, and would sum the ranks' gradients)")
-    return True
-
-
-def check_masked_lookup(fn, vocab_size=12, hidden=3):
-    """Run the reader's ``fn(ids, weight, start)`` on this rank's slice of a known table."""
-    import torch.distributed as dist
-    rank, n = dist.get_rank(), dist.get_world_size()
-    table = torch.arange(1.0, vocab_size * hidden + 1).view(vocab_size, hidden)
-    rows = vocab_size // n
-    start = rank * rows
-    weight = table[start:start + rows].clone().requires_grad_()
-    ids = torch.arange(vocab_size).flip(0).view(2, -1)                 # (b, s)
-    out = fn(ids, weight, start)
-    assert isinstance(out, torch.Tensor) and out.shape == (*ids.shape, hidden), (
-        f"rank {rank}: expected a tensor of shape {(*ids.shape, hidden)} (b, s, h), "
-        f"got {_show(out)}")
-    for i in ids.flatten().tolist():
-        mine = start <= i < start + rows
-        want = table[i] if mine else torch.zeros(hidden)
-        got = out.detach().reshape(-1, hidden)[ids.flatten().tolist().index(i)]
-        assert torch.equal(got, want), (
-            f"rank {rank} (rows {start}..{start + rows - 1} of the table): id {i} gave "
-            f"{got.tolist()}, expected {want.tolist()}: " + (
-                "its row, weight[id - start]" if mine else
-                "zeros, since another rank owns it (the all-reduce adds that rank's row)"))
-    out.sum().backward()
-    assert weight.grad is not None and torch.equal(weight.grad, torch.ones_like(weight)), (
-        f"rank {rank}: each id appears once, so every row of weight should get gradient 1; "
-        f"got {_show(weight.grad)}. Ids outside the slice must add nothing to any row "
-        "(zero their output rows, e.g. with masked_fill, after the lookup)")
-    return True
-
-
-def _show(t):
-    return t.tolist() if isinstance(t, torch.Tensor) else repr(t)
 
 
 # -- pictures --------------------------------------------------------------------------

@@ -54,15 +54,6 @@ def test_saved_tensors_records_activations_not_weights():
     assert lin.weight.grad is not None
 
 
-def test_korthikanti_table_2():
-    s, b, h, a = 2048, 1, 12288, 96       # GPT-3 175B's layer
-    none = memory.korthikanti_activation_bytes(s, b, h, a)
-    assert none == s * b * h * (34 + 5 * a * s / h)
-    tp = memory.korthikanti_activation_bytes(s, b, h, a, t=8)
-    sp = memory.korthikanti_activation_bytes(s, b, h, a, t=8, sp=True)
-    assert sp == none / 8 and sp < tp < none
-
-
 def test_peak_tally_counts_live_storages_and_frees():
     base = torch.zeros(100)                          # 400 bytes before the block
     with memory.peak_tally([base], record=True) as tally:

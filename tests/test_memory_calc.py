@@ -18,12 +18,29 @@ def test_gpt_params_counts_the_shared_decoder():
 
 def test_korthikanti_table_2_is_the_e2_m1_case():
     s, b, h, a = 2048, 1, 12288, 96
-    for t, sp in [(1, False), (8, False), (8, True)]:
+    table_2 = {(1, False): s * b * h * (34 + 5 * a * s / h),          # GPT-3 175B's layer
+               (8, False): s * b * h * (10 + 24 / 8 + 5 * a * s / (h * 8)),
+               (8, True): s * b * h / 8 * (34 + 5 * a * s / h)}
+    for (t, sp), paper in table_2.items():
         ours = memory_calc.activation_bytes_per_layer(s, b, h, a, t=t, sp=sp)
-        assert ours == pytest.approx(memory.korthikanti_activation_bytes(s, b, h, a, t, sp))
+        assert ours == pytest.approx(paper)
     sel = memory_calc.activation_bytes_per_layer(s, b, h, a, recompute="selective", t=8, sp=True)
     assert sel == pytest.approx(34 * s * b * h / 8)           # Table 2, selective
     assert memory_calc.activation_bytes_per_layer(s, b, h, a, recompute="full") == 2 * s * b * h
+
+
+def test_flash_keeps_the_log_sum_exp_instead_of_the_scores():
+    s, b, h, a = 2048, 1, 12288, 96
+    flash = memory_calc.activation_bytes_per_layer(s, b, h, a, flash=True)
+    assert flash == s * b * h * 34 + 4 * a * s * b
+    tp = memory_calc.activation_bytes_per_layer(s, b, h, a, t=8, flash=True)
+    assert tp == s * b * h * (10 + 24 / 8) + 4 * a * s * b / 8
+    # torch's SDPA on CPU (the flash kernel) saves its output and that fp32 row statistic
+    b, a, s, d = 2, 4, 16, 8
+    q, k, v = (torch.randn(b, a, s, d, requires_grad=True) for _ in range(3))
+    with memory.saved_tensors(exclude=[q, k, v]) as saved:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert saved.bytes == 4 * b * a * s * d + 4 * a * s * b
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])

@@ -26,7 +26,7 @@ def test_chapter_has_a_parameters_cell_and_small_parameters(path):
 # tag), not yet in JupyterLab, where students work (issue 26). Strict: a chapter
 # that gets the metadata fails here until it leaves this list.
 NOT_YET_COLLAPSED_IN_JUPYTERLAB = {
-    "00_memory", "04_tensor_parallel", "06_context_parallel"}
+    "06_context_parallel"}
 
 
 def _collapsed_marks(path):

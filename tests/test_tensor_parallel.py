@@ -18,7 +18,8 @@ import torch.distributed as dist
 import labsupport as ls
 from labsupport import models
 from labsupport import tensor_parallel as tp
-from labsupport import tp_gpt, tp_probe
+from labsupport import calls, tp_gpt, tp_probe
+from labsupport.grading.chapters import tensor_parallel as checks
 from nbtools import assert_lesson_copy
 
 CFG = models.GPTConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2)
@@ -146,10 +147,10 @@ def test_dtensor_parallelize_module_gives_the_same_loss_and_gradients(cluster, s
 
 def _counts(sp):
     model = tp_gpt.TensorParallelGPT(models.GPT(CFG, seed=0), sequence_parallel=sp)
-    with tp_probe.record() as log:
+    with calls.record() as log:
         model.blocks[0](torch.randn(BATCH, CFG.seq_len // (dist.get_world_size() if sp else 1),
                                     CFG.hidden)).sum().backward()
-    return [(e["op"], e["phase"], e["nbytes"]) for e in log]
+    return [(e["op"], e["phase"], e["nbytes"]) for e in tp_probe.collectives(log)]
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["TP", "TP+SP"])
@@ -210,11 +211,11 @@ class _AllReduceBothWays(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        return tp.all_reduce(x, "forward", group)
+        return tp.all_reduce(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return tp.all_reduce(grad, "backward", None), None
+        return tp.all_reduce(grad, None), None
 
 
 def _lookup_without_zeros(ids, weight, start):
@@ -223,21 +224,21 @@ def _lookup_without_zeros(ids, weight, start):
 
 
 def test_the_g_check_passes_g_and_names_a_summing_backward(cluster):
-    assert cluster.run(tp_probe.check_reduce_from_tp, tp.ReduceFromTP) == \
+    assert cluster.run(checks.check_reduce_from_tp, tp.ReduceFromTP) == \
         [True] * cluster.world_size
     with pytest.raises(ls.RankError, match=r"rank 0: backward gave x.grad = .*g's backward "
                                            r"is the identity"):
-        cluster.run(tp_probe.check_reduce_from_tp, _AllReduceBothWays)
+        cluster.run(checks.check_reduce_from_tp, _AllReduceBothWays)
     with pytest.raises(ls.RankError, match=r"rank 0: forward returned .*sum over the"):
-        cluster.run(tp_probe.check_reduce_from_tp, tp.CopyToTP)
+        cluster.run(checks.check_reduce_from_tp, tp.CopyToTP)
 
 
 def test_the_lookup_check_passes_masked_lookup_and_names_a_foreign_id(cluster):
-    assert cluster.run(tp_probe.check_masked_lookup, tp.masked_lookup) == \
+    assert cluster.run(checks.check_masked_lookup, tp.masked_lookup) == \
         [True] * cluster.world_size
     with pytest.raises(ls.RankError, match=r"gave \[.*\], expected \[0\.0, 0\.0, 0\.0\]: "
                                            r"zeros, since another rank owns it"):
-        cluster.run(tp_probe.check_masked_lookup, _lookup_without_zeros)
+        cluster.run(checks.check_masked_lookup, _lookup_without_zeros)
 
 
 def test_holders_colours_each_element_by_the_rank_that_holds_it():

@@ -10,7 +10,7 @@
 - ``deadlock``: which message each stuck rank waited for, from its ``p2p_log``;
 - one module per assignment, named after its folder in
   notebooks/assignments/source (``ls.grading.<folder>``, imported on first
-  use), and ``memory`` for chapter 0's exercises: see ``_CHECKS``.
+  use): see ``_CHECKS``; the chapters' your-turn checks in ``chapters``.
 """
 import importlib
 
@@ -23,7 +23,7 @@ __all__ = ["SIZES", "TIMEOUT", "WORLD_SIZES", "assert_rules", "check_all_gather"
 
 # The checks of later assignments and chapters' your-turn cells, reached as
 # ``ls.grading.<name>`` and imported on first use (they import torch's extras).
-_CHECKS = {"chapters", "hybrid_sharded_dp", "memory", "padded_expert_dispatch", "rabenseifner_allreduce",
+_CHECKS = {"chapters", "hybrid_sharded_dp", "padded_expert_dispatch", "rabenseifner_allreduce",
            "reshard_to_tensor_parallel", "vocab_parallel_xent", "zero2_overlap",
            "zero_bubble_pipeline", "zigzag_ring_attention"}
 
