@@ -16,7 +16,7 @@ import dataclasses
 import importlib
 
 # chapter -> module of this package, in the book's order
-TECHNIQUES = {7: "zero3", 8: "device_mesh"}
+TECHNIQUES = {6: "context_parallel", 7: "zero3", 8: "device_mesh"}
 
 
 @dataclasses.dataclass(frozen=True)
