@@ -27,7 +27,7 @@ def test_chapter_has_a_parameters_cell_and_small_parameters(path):
 # that gets the metadata fails here until it leaves this list.
 NOT_YET_COLLAPSED_IN_JUPYTERLAB = {
     "00_memory", "01_collectives", "02_ring_allreduce", "03_data_parallel",
-    "04_tensor_parallel", "05_pipeline_parallel", "06_context_parallel"}
+    "04_tensor_parallel", "05_pipeline_parallel"}
 
 
 def _collapsed_marks(path):
