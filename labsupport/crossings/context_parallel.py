@@ -29,8 +29,8 @@ import statistics
 from labsupport import overlap
 from labsupport.crossings import Crossing
 
-SIZES = {False: [16, 32, 64, 128, 256, 512, 1024], True: [32, 128, 512]}
-REPEATS = {False: 5, True: 3}
+SIZES = {False: [16, 32, 64, 128, 256, 512, 1024], True: [32, 128, 256, 512]}
+REPEATS = {False: 5, True: 5}
 HEADS, HEAD_DIM, WORLD_SIZE = 4, 64, 2
 
 
