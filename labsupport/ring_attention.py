@@ -6,15 +6,10 @@
     out = ra.ulysses_attention(q, k, v, causal=True, seq_len=s)
     full = ra.unshard(outs_by_rank, s)
 
-Shapes: q, k, v of one rank are (b, a, c, d): batch, heads, c = ceil(s/N)
-positions of the sequence, head size. A sequence that N does not divide is
-**padded** at its end to N·c positions (``shard_sequence``); the attention
-functions take the true length ``seq_len`` and never let a query see a padded
-key, so the outputs and gradients of the real positions are exact and those of
-the padded positions are thrown away by ``unshard``.
-
-The code between the marker lines is chapter 6's, character for character
-(tests/test_ring_attention.py); assignment 6's grader and its benchmark use it.
+Shapes: q, k, v of one rank are (b, a, c, d), c = ceil(s/N) positions; a
+sequence that N does not divide is padded at its end, the padded keys masked
+(``seq_len``). The code between the markers is chapter 6's, character for
+character (tests/test_ring_attention.py); assignment 6's grader uses it.
 """
 import contextlib
 import math
@@ -74,16 +69,19 @@ def block_mask(q_pos, k_pos, causal, seq_len):
     return mask
 
 
-def ring_exchange(send, recv):
+def ring_exchange(send, recv, group=None):
     """Post the send of ``send`` to the right and the receive from the left.
 
     One batch, so that the two progress together (on NCCL too, which runs
     unbatched sends and receives one at a time); wait on what it returns.
+    Neighbours are ranks of ``group`` (None: all ranks).
     """
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     return dist.batch_isend_irecv([
-        dist.P2POp(dist.isend, send, (rank + 1) % world_size),
-        dist.P2POp(dist.irecv, recv, (rank - 1) % world_size)])
+        dist.P2POp(dist.isend, send, group=group,
+                   group_peer=(rank + 1) % world_size),
+        dist.P2POp(dist.irecv, recv, group=group,
+                   group_peer=(rank - 1) % world_size)])
 
 
 def timed(tl, lane, name, **extra):
@@ -99,15 +97,17 @@ def record_since(tl, lane, name, start, **extra):
         tl.record(lane, name, start, tl.now(), **extra)
 
 
-def ring_forward(q, k, v, causal=False, seq_len=None, overlap=True, tl=None):
+def ring_forward(q, k, v, causal=False, seq_len=None, overlap=True, tl=None,
+                 group=None):
     """Ring attention, forward (Liu et al. 2023, arXiv 2310.01889, Alg. 1).
 
     Rank r keeps its queries; at step t it holds the K/V block of rank
     (r - t) mod N, attends to it and merges the result in (lse_merge).
     ``overlap``: the transfer of the block is posted before computing on
-    it. ``tl``: a Timeline that records compute and transfers.
+    it. ``tl``: a Timeline that records compute and transfers. ``group``:
+    the ranks of the ring (None: all).
     """
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     c = q.shape[-2]
     seq_len = c * world_size if seq_len is None else seq_len
     q_pos = torch.arange(rank * c, (rank + 1) * c, device=q.device)
@@ -116,7 +116,7 @@ def ring_forward(q, k, v, causal=False, seq_len=None, overlap=True, tl=None):
         src, last = (rank - step) % world_size, step == world_size - 1
         incoming, works, posted = torch.empty_like(kv), [], time.perf_counter()
         if overlap and not last:
-            works = ring_exchange(kv, incoming)
+            works = ring_exchange(kv, incoming, group)
         k_pos = torch.arange(src * c, (src + 1) * c, device=q.device)
         mask = block_mask(q_pos, k_pos, causal, seq_len)
         if mask.any():  # blocks wholly in the future are skipped
@@ -127,7 +127,7 @@ def ring_forward(q, k, v, causal=False, seq_len=None, overlap=True, tl=None):
         if not last:
             if not overlap:
                 posted = time.perf_counter()
-                works = ring_exchange(kv, incoming)
+                works = ring_exchange(kv, incoming, group)
             for work in works:
                 work.wait()
             record_since(tl, "comm", "K/V", posted, step=step)
@@ -154,14 +154,14 @@ def block_grads(q, dout, lse, delta, block, mask):
     return ds @ k * scale  # (b, a, c, d)
 
 
-def ring_backward(dout, q, k, v, out, lse, causal, seq_len):
+def ring_backward(dout, q, k, v, out, lse, causal, seq_len, group=None):
     """Ring attention, backward: dK and dV travel with their K/V block.
 
     The block (k, v, dk, dv) goes round the ring as in the forward; each
     rank adds its queries' share into dk, dv. After N - 1 steps the sums
     are complete and one last send takes them home.
     """
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     c = q.shape[-2]
     q_pos = torch.arange(rank * c, (rank + 1) * c, device=q.device)
     delta = (dout * out).sum(-1, keepdim=True)  # (b, a, c, 1)
@@ -176,7 +176,7 @@ def ring_backward(dout, q, k, v, out, lse, causal, seq_len):
                               None if mask.all() else mask)
         send = block if step < world_size - 1 else block[2:]  # home: dk, dv
         incoming = torch.empty_like(send)
-        for work in ring_exchange(send, incoming):
+        for work in ring_exchange(send, incoming, group):
             work.wait()
         block = incoming
     return dq, block[-2], block[-1]  # (b, a, c, d) each
@@ -186,19 +186,19 @@ class RingAttention(torch.autograd.Function):
     """Ring attention with its own ring backward (the lse is saved)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal=False, seq_len=None):
+    def forward(ctx, q, k, v, causal=False, seq_len=None, group=None):
         if seq_len is None:
-            seq_len = q.shape[-2] * dist.get_world_size()
-        out, lse = ring_forward(q, k, v, causal, seq_len)
+            seq_len = q.shape[-2] * dist.get_world_size(group)
+        out, lse = ring_forward(q, k, v, causal, seq_len, group=group)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.seq_len = causal, seq_len
+        ctx.causal, ctx.seq_len, ctx.group = causal, seq_len, group
         return out
 
     @staticmethod
     def backward(ctx, dout):
         grads = ring_backward(dout, *ctx.saved_tensors, ctx.causal,
-                              ctx.seq_len)
-        return *grads, None, None
+                              ctx.seq_len, ctx.group)
+        return *grads, None, None, None
 
 
 def seq_to_heads(x):
@@ -273,22 +273,17 @@ def ulysses_attention(q, k, v, causal=False, seq_len=None):
 # --- end of lesson ---
 
 
-def ring_attention(q, k, v, causal=False, seq_len=None):
+def ring_attention(q, k, v, causal=False, seq_len=None, group=None):
     """Differentiable ring attention of this rank's block (b, a, c, d)."""
-    return RingAttention.apply(q, k, v, causal, seq_len)
+    return RingAttention.apply(q, k, v, causal, seq_len, group)
 
 
 def shard_sequence(x, rank, world_size):
-    """Rank's contiguous block of dim -2 of x (b, a, s, d), zero-padded at the end.
-
-    Blocks have c = ceil(s/N) positions; the last ranks get the padding
-    (a rank may hold padding only when s < N·c). Pass the true ``seq_len``
-    to the attention functions so that padded keys are masked.
-    """
+    """Rank's block of c = ceil(s/N) positions of dim -2 of x (b, a, s, d); the
+    last ranks get the zero padding: pass the true ``seq_len`` to attention."""
     if x.dim() < 2 or x.shape[-2] < 1:
         raise ValueError(f"shard_sequence needs (..., s, d) with s >= 1, got {tuple(x.shape)}")
-    s = x.shape[-2]
-    c = -(-s // world_size)
+    s, c = x.shape[-2], -(-x.shape[-2] // world_size)
     x = F.pad(x, (0, 0, 0, c * world_size - s))
     return x[..., rank * c:(rank + 1) * c, :]  # (b, a, c, d)
 

@@ -22,21 +22,7 @@ def test_chapter_has_a_parameters_cell_and_small_parameters(path):
         assert f"{name} =" in tagged[0].source, f"{name} is not set in the parameters cell"
 
 
-# Chapters whose solution cells are collapsed in the book only (their `hide-input`
-# tag), not yet in JupyterLab, where students work (issue 26). Strict: a chapter
-# that gets the metadata fails here until it leaves this list.
-NOT_YET_COLLAPSED_IN_JUPYTERLAB = {
-    "06_context_parallel"}
-
-
-def _collapsed_marks(path):
-    if path.stem not in NOT_YET_COLLAPSED_IN_JUPYTERLAB:
-        return path
-    return pytest.param(path, marks=pytest.mark.xfail(
-        strict=True, reason="solution cells without metadata.jupyter.source_hidden"))
-
-
-@pytest.mark.parametrize("path", [_collapsed_marks(p) for p in NOTEBOOKS],
+@pytest.mark.parametrize("path", NOTEBOOKS,
                          ids=[p.stem for p in NOTEBOOKS])
 def test_solution_cells_are_collapsed_in_the_book_and_in_jupyterlab(path):
     nb = nbformat.read(path, as_version=4)

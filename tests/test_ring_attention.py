@@ -89,6 +89,31 @@ def test_forward_bytes_blocks_and_timeline(cluster, overlap):
             assert lanes.count("compute") == blocks and lanes.count("comm") == n - 1
 
 
+def _ring_in_group(s):
+    """Two rings of 2 ranks on 4: ranks (0, 1) on sequence 0, (2, 3) on sequence 1."""
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    q, k, v, dout = _qkv(s, seed=rank // 2)
+    mine = [ra.shard_sequence(t, rank % 2, 2).clone().requires_grad_() for t in (q, k, v)]
+    out = ra.ring_attention(*mine, causal=True, seq_len=s, group=groups[rank // 2])
+    out.backward(ra.shard_sequence(dout, rank % 2, 2))
+    return out.detach(), [t.grad for t in mine]
+
+
+def test_ring_attention_over_a_group(cluster):
+    if cluster.world_size != 4:
+        pytest.skip("two rings of 2 ranks need 4 ranks")
+    results = cluster.run(_ring_in_group, 13)
+    for seq in (0, 1):
+        q, k, v, dout = (t.requires_grad_() for t in _qkv(13, seed=seq))
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        want.backward(dout)
+        pair = results[2 * seq:2 * seq + 2]
+        torch.testing.assert_close(ra.unshard([r[0] for r in pair], 13), want)
+        for i, t in enumerate((q, k, v)):
+            torch.testing.assert_close(ra.unshard([r[1][i] for r in pair], 13), t.grad)
+
+
 def test_ulysses_refuses_heads_that_n_does_not_divide(cluster):
     def run():
         x = torch.zeros(1, 3, 4, 2)

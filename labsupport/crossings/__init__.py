@@ -16,8 +16,9 @@ import dataclasses
 import importlib
 
 # chapter -> module of this package, in the book's order
-TECHNIQUES = {3: "data_parallel", 4: "tensor_parallel", 5: "pipeline", 7: "zero3",
-              8: "device_mesh", 9: "expert_parallel"}
+TECHNIQUES = {3: "data_parallel", 4: "tensor_parallel", 5: "pipeline",
+              6: "context_parallel", 7: "zero3", 8: "device_mesh",
+              9: "expert_parallel"}
 
 
 @dataclasses.dataclass(frozen=True)
