@@ -14,6 +14,7 @@ every module's small sweep and prints the ratios.
 """
 import dataclasses
 import importlib
+import statistics
 
 # chapter -> module of this package, in the book's order
 TECHNIQUES = {3: "data_parallel", 4: "tensor_parallel", 5: "pipeline",
@@ -46,3 +47,27 @@ def run(technique: str, small: bool = False) -> Crossing:
         raise ValueError(f"unknown technique {technique!r}: use one of "
                          f"{', '.join(TECHNIQUES.values()) or '(none yet)'}")
     return importlib.import_module(f"labsupport.crossings.{technique}").sweep(small)
+
+
+def curves(sizes, by_rank, comm_times):
+    """Per size, from each rank's rows ``{"events": {overlap: [run's events]},
+    "seconds": {overlap: [run's seconds]}}``: the median compute span (lane
+    "compute", runs without overlap), the median transfer (``comm_times(runs)``
+    gives one time per run; the rank that waited least per run waited only for
+    the wire), the median speed-up of the slowest rank with overlap, and both
+    runs' last events. Returns (compute, comm, speedup, events)."""
+    compute, comm, speedup, events = [], [], [], {}
+    for i, size in enumerate(sizes):
+        rows = [rank[i] for rank in by_rank]
+        compute.append(statistics.median(
+            e["end"] - e["start"] for r in rows for run in r["events"][False]
+            for e in run if e["lane"] == "compute"))
+        waits = [comm_times(r["events"][False]) for r in rows]
+        comm.append(statistics.median(map(min, zip(*waits))))
+        slowest = {on: list(map(max, zip(*(r["seconds"][on] for r in rows))))
+                   for on in (False, True)}
+        speedup.append(statistics.median(a / b for a, b in zip(slowest[False],
+                                                               slowest[True])))
+        events[size] = {on: [e for r in rows for e in r["events"][on][-1]]
+                        for on in (False, True)}
+    return compute, comm, speedup, events

@@ -27,7 +27,7 @@ bandwidth-only c* (``extra["bandwidth_only"]``) ignores.
 import statistics
 
 from labsupport import overlap
-from labsupport.crossings import Crossing
+from labsupport.crossings import Crossing, curves
 
 SIZES = {False: [16, 32, 64, 128, 256, 512, 1024], True: [32, 128, 256, 512]}
 REPEATS = {False: 5, True: 5}
@@ -88,19 +88,10 @@ def _spans(events, lane):
 
 def summarise(sizes, by_rank) -> Crossing:
     """The two measured curves, their crossing, the formula's, the speed-ups."""
-    compute, comm, speedup, events = [], [], [], {}
-    for i, size in enumerate(sizes):
-        rows = [rank[i] for rank in by_rank]
-        compute.append(statistics.median(
-            t for r in rows for run in r["events"][False] for t in _spans(run, "compute")))
-        waits = [[sum(_spans(run, "comm")) for run in r["events"][False]] for r in rows]
-        comm.append(statistics.median(map(min, zip(*waits))))  # the last arrival's
-        slowest = {on: list(map(max, zip(*(r["seconds"][on] for r in rows))))
-                   for on in (False, True)}
-        speedup.append(statistics.median(a / b for a, b in zip(slowest[False],
-                                                               slowest[True])))
-        events[size] = {on: [e for r in rows for e in r["events"][on][-1]]
-                        for on in (False, True)}
+    def transfers(runs):  # one run's time waiting for k/v blocks
+        return [sum(_spans(run, "comm")) for run in runs]
+
+    compute, comm, speedup, events = curves(sizes, by_rank, transfers)
     return _crossing(sizes, compute, comm, speedup, events)
 
 

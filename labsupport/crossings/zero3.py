@@ -28,7 +28,7 @@ import statistics
 import time
 
 from labsupport import overlap
-from labsupport.crossings import Crossing
+from labsupport.crossings import Crossing, curves
 
 SIZES = {False: [16, 32, 64, 128, 256, 512, 1024], True: [16, 128, 1024]}
 REPEATS = {False: 7, True: 3}
@@ -109,21 +109,10 @@ def _time_blocks(blocks, tl) -> list:
 
 def summarise(sizes, by_rank, shape, world_size) -> Crossing:
     """The two measured curves, their crossing, the formula's, the speed-ups."""
-    compute, comm, speedup, events = [], [], [], {}
-    for i, size in enumerate(sizes):
-        rows = [rank[i] for rank in by_rank]
-        compute.append(statistics.median(
-            e["end"] - e["start"] for r in rows for run in r["events"][False]
-            for e in run if e["lane"] == "compute"))
-        gathers = [[e["end"] - e["start"] for run in r["events"][False] for e in run
-                    if e.get("block")] for r in rows]   # the last arrival's: the transfer
-        comm.append(statistics.median(map(min, zip(*gathers))))
-        slowest = {on: list(map(max, zip(*(r["seconds"][on] for r in rows))))
-                   for on in (False, True)}
-        speedup.append(statistics.median(a / b for a, b in zip(slowest[False],
-                                                               slowest[True])))
-        events[size] = {on: [e for r in rows for e in r["events"][on][-1]]
-                        for on in (False, True)}
+    def gathers(runs):  # each block's all-gather, in every run
+        return [e["end"] - e["start"] for run in runs for e in run if e.get("block")]
+
+    compute, comm, speedup, events = curves(sizes, by_rank, gathers)
     params = by_rank[0][0]["block_params"]
     h, s, f = shape["hidden"], shape["seq_len"], 4 * shape["hidden"]
     flops = [overlap.decoder_flops(t, s, 1, h, 0, f, backward=False) for t in sizes]
