@@ -27,22 +27,13 @@ def check_shard_saving_linear(fn, batch=2, seq=8, h_in=6, h_out=4):
     gathers again, and both gradients, naming the usual mistakes.
     """
     rank, n = dist.get_rank(), dist.get_world_size()
-    gen = torch.Generator().manual_seed(0)
-    x_full, w_full, g_full = (torch.randn(*shape, generator=gen) for shape in
-                              ((batch, seq, h_in), (h_out, h_in), (batch, seq, h_out)))
-    ref_x, ref_w = x_full.clone().requires_grad_(), w_full.clone().requires_grad_()
-    y_ref = F.linear(ref_x, ref_w)
-    (y_ref * g_full).sum().backward()
+    x_full, w_full, g_full, ref_x, ref_w, y_ref = _one_process(batch, seq, h_in, h_out)
     x = x_full.chunk(n, 1)[rank].clone().requires_grad_()
     w = w_full.chunk(n, 0)[rank].clone().requires_grad_()
     with memory.saved_tensors(exclude=[w]) as saved:
         y = fn.apply(x, w, None)
     _check_forward(rank, y, y_ref.detach().chunk(n, -1)[rank])
-    assert saved.bytes <= _nbytes(x), (
-        f"rank {rank}: forward saved {saved.bytes:,} B for backward besides the weight; "
-        f"the shard x is {_nbytes(x):,} B. Save only the shard "
-        "(ctx.save_for_backward(x, weight)) and all-gather it again in backward: "
-        "keeping the gathered input is what this layer is meant to avoid")
+    _check_saved(rank, saved.bytes, x)
     grad = g_full.chunk(n, -1)[rank]
     with calls.record() as log:
         _backward(rank, y, grad, x)
@@ -64,6 +55,26 @@ def check_shard_saving_linear(fn, batch=2, seq=8, h_in=6, h_out=4):
          "from this rank's positions only: the rows of W_i meet every position, "
          "so use the gathered input")])
     return True
+
+
+def _one_process(batch, seq, h_in, h_out):
+    """Seeded x, W and the output's gradient, and one process's linear layer run
+    forward and backward on them: (x, W, grad, x_ref, W_ref, y_ref)."""
+    gen = torch.Generator().manual_seed(0)
+    x_full, w_full, g_full = (torch.randn(*shape, generator=gen) for shape in
+                              ((batch, seq, h_in), (h_out, h_in), (batch, seq, h_out)))
+    ref_x, ref_w = x_full.clone().requires_grad_(), w_full.clone().requires_grad_()
+    y_ref = F.linear(ref_x, ref_w)
+    (y_ref * g_full).sum().backward()
+    return x_full, w_full, g_full, ref_x, ref_w, y_ref
+
+
+def _check_saved(rank, saved_bytes, x):
+    assert saved_bytes <= _nbytes(x), (
+        f"rank {rank}: forward saved {saved_bytes:,} B for backward besides the weight; "
+        f"the shard x is {_nbytes(x):,} B. Save only the shard "
+        "(ctx.save_for_backward(x, weight)) and all-gather it again in backward: "
+        "keeping the gathered input is what this layer is meant to avoid")
 
 
 def _check_forward(rank, y, want):
