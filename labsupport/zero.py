@@ -109,7 +109,6 @@ class FlatParams:
                                       async_op=True)
 
 
-# Kept equal to the notebook's copy by tests/test_zero.py
 def zero_step(flat, optimizer, stage):
     """After backward, ZeRO-1 or -2: reduce-scatter, step, all-gather.
 
@@ -130,7 +129,6 @@ def zero_step(flat, optimizer, stage):
     dist.all_gather_single(flat.data, param_shard.detach().clone())
 
 
-# Kept equal to the notebook's copy by tests/test_zero.py
 class Zero3(nn.Module):
     """ZeRO-3 (P_os+g+p): each rank keeps 1/N of every unit's parameters.
 

@@ -16,19 +16,18 @@ bandwidth term, a smaller latency term (alpha-beta model, their eq. for
 whose contracts (chunk ``rank`` of ``tensor.tensor_split(world_size)``) it
 meets; this module adds what is particular to it.
 
-A *round* is counted from the point-to-point calls each rank makes, in call
-order: a run of sends to one partner, ended by a receive or by a send to
-another rank (a rank has one link out: sending to three ranks one after the
-other takes three rounds). The rounds of a function are the most any rank
-makes.
+A *round* is counted from the point-to-point calls each rank makes
+(recorded by ``labsupport.calls``), in call order: a run of sends to one
+partner, ended by a receive or by a send to another rank (a rank has one
+link out: sending to three ranks one after the other takes three rounds).
+The rounds of a function are the most any rank makes.
 """
-import contextlib
 import math
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
+from labsupport.calls import record as record_calls
 from labsupport.launch.session import current
 from labsupport.grading import checks as grading
 
@@ -37,7 +36,6 @@ SIZES = (8, 10, 13)  # 10 and 13 are not divisible by 4
 PHASES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}  # log2(N) rounds each
 _TITLES = {"all_reduce": "all-reduce", "reduce_scatter": "recursive-halving reduce-scatter",
            "all_gather": "recursive-doubling all-gather"}
-_P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 
 
 def count_rounds(calls: list[tuple[str, int]]) -> int:
@@ -172,49 +170,6 @@ class _Traced:
             own = tensor.tensor_split(world_size)[rank].clone()
             tensor.fill_(float("nan"))
             tensor.tensor_split(world_size)[rank].copy_(own)
-        calls = []
-        with _logging_p2p(calls):
+        with record_calls() as log:  # inside grading.run's own record: blocks nest
             self.fn(tensor)
-        return calls
-
-
-@contextlib.contextmanager
-def _logging_p2p(calls: list):
-    """Append (op, peer) of each point-to-point call in the block to ``calls``.
-
-    Installed inside ``grading.run``'s own record, and passing every call on
-    to it: the collectives, unwaited requests and bytes are still counted there.
-    """
-    depth = [0]
-
-    def wrap(name, fn):
-        def logged(*args, **kwargs):
-            if depth[0] == 0:
-                calls.extend(_describe(name, args, kwargs))
-            depth[0] += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                depth[0] -= 1
-        logged.__name__ = logged.__qualname__ = name
-        logged.__wrapped__ = fn
-        return logged
-
-    saved = [(module, name, getattr(module, name)) for module in (c10d, dist) for name in _P2P]
-    replacements = {name: wrap(name, getattr(c10d, name)) for name in _P2P}
-    try:
-        for module, name, _ in saved:
-            setattr(module, name, replacements[name])
-        yield calls
-    finally:
-        for module, name, original in saved:
-            setattr(module, name, original)
-
-
-def _describe(name, args, kwargs) -> list[tuple[str, int]]:
-    if name == "batch_isend_irecv":
-        ops = args[0] if args else kwargs.get("p2p_op_list", [])
-        return [(getattr(op.op, "__name__", "isend"), op.peer) for op in ops]
-    key = "dst" if "send" in name else "src"
-    peer = args[1] if len(args) > 1 else kwargs.get(key, kwargs.get("group_" + key))
-    return [(name, peer)]
+        return [(c["op"], c["peer"]) for c in log.calls if c["kind"] == "p2p"]
