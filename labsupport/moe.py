@@ -1,21 +1,17 @@
 """Mixture of experts and expert parallelism, as chapter 9 writes them.
 
-    layer = moe.MoE(hidden=16, ffn=32, num_experts=8, top_k=2,
-                    capacity_factor=1.25)
+    layer = moe.MoE(16, 32, num_experts=8, top_k=2, capacity_factor=1.25)
     y = layer(x)                   # (..., h): one process, every expert here
     layer.aux_loss                 # Switch Transformer's load-balancing loss
     ep = moe.ExpertParallelMoE(layer)   # on a rank: router, E/N experts
     y_mine = ep(x_mine)            # all-to-all dispatch, experts, combine
 
-Rank r of N holds experts r*E/N .. (r+1)*E/N - 1. Each rank routes its own
-tokens, drops what its experts' capacity refuses (capacity per group of tokens:
-the tokens one rank routes; ``MoE(groups=N)`` applies the same rule on one
-process), sends each kept (token, expert) row to the expert's rank, and gets
-the results back. Shapes: T tokens, h features, E experts, k choices each.
-
-The code between the marker lines is chapter 9's, character for character
-(tests/test_moe.py); the shared decoder (``models.GPTConfig(moe_experts=...)``)
-and the benchmark use it.
+Rank r of N holds experts r*E/N .. (r+1)*E/N - 1, routes its own tokens, drops
+what capacity refuses (per group: one rank's tokens; ``MoE(groups=N)`` does
+the same on one process), and sends each kept (token, expert) row to the
+expert's rank and back. T tokens, h features, E experts, k choices each. The
+code between the markers is chapter 9's, character for character
+(tests/test_moe.py); the shared decoder and the benchmark use it.
 """
 import math
 
@@ -93,8 +89,8 @@ class Experts(nn.Module):
     """E expert MLPs, stacked: w1 (E, f, h), w2 (E, h, f).
 
     ``forward(x, counts)``: x holds the rows of expert 0, then expert 1, ...
-    (``counts[e]`` rows each). On GPUs with bf16, grouped_mm runs every
-    expert in one call; elsewhere a loop runs them one after the other.
+    (``counts[e]`` rows each). Where grouped_mm_runs (GPUs, bf16) it takes
+    ``grouped``, every expert in one call; elsewhere ``looped``.
     """
 
     def __init__(self, num_experts, hidden, ffn):
@@ -105,11 +101,17 @@ class Experts(nn.Module):
         nn.init.uniform_(self.w2, -ffn ** -0.5, ffn ** -0.5)
 
     def forward(self, x, counts):                            # (rows, h)
-        if grouped_mm_runs(x):                               # one call
-            ends = counts.cumsum(0).to(torch.int32)          # no host sync
-            w1, w2 = self.w1.to(x.dtype).mT, self.w2.to(x.dtype).mT
-            hid = F.gelu(F.grouped_mm(x, w1, offs=ends), approximate="tanh")
-            return F.grouped_mm(hid, w2, offs=ends)
+        return (self.grouped if grouped_mm_runs(x) else self.looped)(x, counts)
+
+    def grouped(self, x, counts):
+        """Every expert in one grouped_mm per matrix; no host sync."""
+        ends = counts.cumsum(0).to(torch.int32)              # group ends
+        w1, w2 = self.w1.to(x.dtype).mT, self.w2.to(x.dtype).mT
+        hid = F.gelu(F.grouped_mm(x, w1, offs=ends), approximate="tanh")
+        return F.grouped_mm(hid, w2, offs=ends)
+
+    def looped(self, x, counts):
+        """One expert after the other."""
         chunks = x.split(counts.tolist())                    # a host sync
         return torch.cat([expert_mlp(c, w1, w2) for c, w1, w2
                           in zip(chunks, self.w1, self.w2)])

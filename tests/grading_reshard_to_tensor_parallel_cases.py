@@ -38,3 +38,15 @@ def reads_whole(reader, kind, tp_rank, tp_size):
             shards[name] = whole if dim is None else whole.chunk(tp_size, dim)[tp_rank]
             base += math.prod(shape)
     return shards
+
+
+def copies_the_answer(reader, kind, tp_rank, tp_size):
+    """Wrong: the grader's own expected shards, and reads from the start of the files
+    that only add up to the right count of bytes."""
+    shards = gr.expected(reader.directory, tp_rank)[kind]
+    need = sum(t.numel() * t.element_size() for t in shards.values())
+    for file, size in reader.metadata["files"].items():
+        if need:
+            reader.read(file, 0, min(size, need))
+            need -= min(size, need)
+    return shards

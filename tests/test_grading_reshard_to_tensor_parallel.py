@@ -5,12 +5,13 @@
 Layer 1 (unit): each check passes the reference (the source notebook's,
 ``sources.reference``) and fails each plausible wrong answer with the
 message that says what to fix (reading whole flat tensors, in
-grading_reshard_to_tensor_parallel_cases.py: the bytes; splitting
-row-parallel weights by rows, an edit of the reference: their shape; a
-wrong offset: the element, file and byte; a deadlock, an edit too: at the
-deadline). Layer 4 (slow): `nbgrader generate_assignment`, `autograde` and
-`export` on the assignment in a temporary course directory, with five
-submissions whose scores are known.
+grading_reshard_to_tensor_parallel_cases.py: the bytes; copying the
+grader's expected values with reads that only add up, there too: the
+values read; splitting row-parallel weights by rows, an edit of the
+reference: their shape; a wrong offset: the element, file and byte; a
+deadlock, an edit too: at the deadline). Layer 4 (slow): `nbgrader
+generate_assignment`, `autograde` and `export` on the assignment in a
+temporary course directory, with five submissions whose scores are known.
 """
 import functools
 import inspect
@@ -72,6 +73,18 @@ def test_reading_whole_tensors_loses_the_bytes_only():
     assert re.match(r"checkpoint saved by 2 ranks: tp rank 0 read [\d,]+ bytes through "
                     r"reader.read; its shards \(3 kinds\) are [\d,]+ bytes", text), text
     assert "read only each shard's elements" in text
+
+
+def test_copied_values_with_reads_that_only_add_up_lose_the_bytes():
+    # labsupport.grading is importable by students: gr.expected gives the right values;
+    # the bytes check must see that the values returned are the ones read
+    for check in CHECKS[:3]:
+        check(cases.copies_the_answer)
+    text = fails(gr.check_bytes, cases.copies_the_answer)
+    assert re.match(r"checkpoint saved by 2 ranks: tp rank 0 read as many bytes as its "
+                    r"shards hold, but returned other values than it read \(e.g. \S+, which "
+                    r"it never read\): every element returned must come from its own read",
+                    text), text
 
 
 def test_row_parallel_weights_split_by_rows_lose_the_row_check_only():

@@ -4,7 +4,7 @@
     gr.check_column(load_tp_shard)       # q, k, v, fc1: rows (and bias) split over tp
     gr.check_row(load_tp_shard)          # o, fc2: columns split over tp
     gr.check_replicated(load_tp_shard)   # LayerNorms, embeddings, o's and fc2's biases
-    gr.check_bytes(load_tp_shard)        # each rank read exactly its shards' bytes
+    gr.check_bytes(load_tp_shard)        # each rank read its shards' bytes, returned them
 
 The checkpoints are chapter 10's (``labsupport.sharded_checkpoint``): the
 shared decoder trained with chapter 7's ZeRO-3, saved by ``SAVED_BY`` ranks
@@ -19,6 +19,7 @@ at the deadline with where each rank was) and compares with the
 checkpoint's whole state cut in one process.
 """
 import atexit
+import collections
 import math
 import os
 import shutil
@@ -55,7 +56,7 @@ class Reader:
     def __init__(self, directory: str):
         self.directory = directory
         self.metadata = sc.read_metadata(directory)
-        self.bytes_read = 0
+        self.bytes_read, self.reads = 0, []     # reads: (file, offset, nbytes)
 
     def read(self, file: str, offset: int, nbytes: int) -> bytes:
         """``nbytes`` bytes of ``file`` from byte ``offset``, counted."""
@@ -70,6 +71,7 @@ class Reader:
             f.seek(offset)
             data = f.read(nbytes)
         self.bytes_read += len(data)
+        self.reads.append((file, offset, len(data)))
         return data
 
 
@@ -105,10 +107,10 @@ def load_on_tp_ranks(fn, reader):
     """On each of the TP ranks: fn's shards for every kind, and the bytes it read."""
     import torch.distributed as dist
     shards = {}
-    reader.bytes_read = 0
+    reader.bytes_read, reader.reads = 0, []
     for kind in KINDS:
         shards[kind] = fn(reader, kind, dist.get_rank(), dist.get_world_size())
-    return dict(shards=shards, bytes_read=reader.bytes_read)
+    return dict(shards=shards, bytes_read=reader.bytes_read, reads=reader.reads)
 
 
 def _runs(fn, timeout):
@@ -208,18 +210,45 @@ def _wrong_element(got, want, name, kind, meta, tp_rank) -> str:
 
 
 def check_bytes(fn, *, timeout=None):
-    """Each tp rank read exactly the bytes of its shards, for every kind."""
+    """Each tp rank read exactly the bytes of its shards, for every kind: as many, and the
+    values it returned are the ones it read (a count that only adds up fails)."""
     for n, directory, ranks in _runs(fn, timeout):
-        total = sum(sc.read_metadata(directory)["files"].values())
+        meta = sc.read_metadata(directory)
+        total = sum(meta["files"].values())
         for tp_rank, got in enumerate(ranks):
             need = sum(t.numel() * t.element_size()
                        for kind in expected(directory, tp_rank).values() for t in kind.values())
+            where = f"checkpoint saved by {n} ranks: tp rank {tp_rank}"
             if got["bytes_read"] != need:
                 raise AssertionError(
-                    f"checkpoint saved by {n} ranks: tp rank {tp_rank} read "
-                    f"{got['bytes_read']:,} bytes through reader.read; its shards (3 kinds) "
-                    f"are {need:,} bytes; the whole checkpoint is {total:,}. "
-                    + _bytes_hint(got["bytes_read"], need, total))
+                    f"{where} read {got['bytes_read']:,} bytes through reader.read; its "
+                    f"shards (3 kinds) are {need:,} bytes; the whole checkpoint is "
+                    f"{total:,}. " + _bytes_hint(got["bytes_read"], need, total))
+            _returned_what_it_read(directory, got, where)
+
+
+def _returned_what_it_read(directory, got, where):
+    """The values returned are the 4-byte words read (as a multiset), so that a count of
+    bytes that only adds up (values taken from elsewhere) does not pass."""
+    read = collections.Counter()
+    for file, offset, nbytes in got["reads"]:
+        with open(os.path.join(directory, file), "rb") as f:
+            f.seek(offset)
+            data = f.read(nbytes)
+        read.update(data[i:i + 4] for i in range(0, len(data) - 3, 4))
+    returned = collections.Counter()
+    for shards in got["shards"].values() if isinstance(got["shards"], dict) else []:
+        for t in filter(torch.is_tensor, shards.values() if isinstance(shards, dict) else []):
+            data = t.detach().float().contiguous().numpy().tobytes()
+            returned.update(data[i:i + 4] for i in range(0, len(data), 4))
+    if returned != read:
+        word = next(iter(returned - read), None)
+        value = None if word is None else torch.frombuffer(bytearray(word), dtype=torch.float32)
+        raise AssertionError(
+            f"{where} read as many bytes as its shards hold, but returned other values than "
+            "it read" + ("" if value is None else f" (e.g. {value.item():.6g}, which it never "
+                                                 "read)")
+            + ": every element returned must come from its own read through reader.read")
 
 
 def _bytes_hint(read, need, total) -> str:
