@@ -4,14 +4,16 @@ the address it is about to listen on, once every setting is in.
 hub_settings.py checks COURSE_HUB_URL while JupyterHub reads the configuration
 file, but JupyterHub applies its command line after that file (traitlets'
 ``Application.load_config_file`` merges ``cli_config`` last, "to preserve CLI
-config priority"), and ``--ip``, ``--port`` and ``--url`` rewrite
-``JupyterHub.bind_url`` (``--ip`` through ``JupyterHub._url_part_changed``).
-So ``jupyterhub -f deploy/jupyterhub_config.py --ip 0.0.0.0`` passed that
-check and put the trial mode's any-password login on every interface.
+config priority"), so ``jupyterhub -f deploy/jupyterhub_config.py --url
+http://0.0.0.0:8000`` replaced that address after the check and put the trial
+mode's any-password login on every interface. (``--ip`` and ``--port`` reach
+``bind_url`` only through ``JupyterHub._url_part_changed``, which runs while
+the command line is parsed, before the file sets ``bind_url``; applied again
+after the file they are unchanged and change nothing: tests/test_hub_config.py.)
 ``JupyterHub.init_proxy`` builds the proxy with the final ``bind_url`` and TLS
 files, after the hub's own address is set (``init_hub``) and before any port
 opens (``JupyterHub.start``): the check is made here, on what the proxy will
-really be given. (jupyterhub 6.1.1, ``app.py``.)
+really be given, whichever option or file set it. (jupyterhub 6.1.1, ``app.py``.)
 """
 from jupyterhub.proxy import ConfigurableHTTPProxy
 from traitlets import Unicode

@@ -11,7 +11,7 @@
 #                            user, loopback only, never as root
 #   COURSE_HUB_URL           where the hub listens (default http://127.0.0.1:8000);
 #                            the proxy checks the address again with the command
-#                            line applied (--ip, --port, --url: course_proxy.py)
+#                            line applied (--url ...: course_proxy.py)
 #   COURSE_HUB_SSL_CERT/KEY  TLS files; needed to listen beyond loopback
 #   COURSE_HUB_STATE         cookie secret, database, proxy pid, mode 0700
 #                            (default /srv/course-hub; trial ~/.local/state/course-hub)

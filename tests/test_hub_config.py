@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 from jupyterhub import orm
+from jupyterhub.app import JupyterHub
 from traitlets.config.loader import PyFileConfigLoader
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +69,31 @@ def test_the_proxy_checks_the_address_it_is_finally_given():
     assert said == ["the hub's own port listens on http://*:8081/hub/: keep it on 127.0.0.1 "
                     "(JupyterHub.hub_ip): it serves the login page without TLS, and only the "
                     "proxy (https://0.0.0.0:443/) is for users"]
+
+
+def final_address(monkeypatch, tmp_path, *argv):
+    """JupyterHub's bind_url once the trial configuration and argv are read, in the
+    order JupyterHub.initialize reads them (jupyterhub 6.1.1)."""
+    monkeypatch.setattr(hub_settings.os, "geteuid", lambda: 1000)
+    for name in [k for k in os.environ if k.startswith("COURSE_")]:
+        monkeypatch.delenv(name)
+    for name, value in {"COURSE_HUB_MODE": "trial", "COURSE_HUB_STATE": str(tmp_path / "s"),
+                        "COURSE_GPU_POOL": "none"}.items():
+        monkeypatch.setenv(name, value)
+    app = JupyterHub()
+    app.parse_command_line(["-f", str(ROOT / "deploy" / "jupyterhub_config.py"), *argv])
+    app.load_config_file(app.config_file)
+    return app.bind_url
+
+
+def test_which_command_line_options_change_the_address(monkeypatch, tmp_path):
+    """--url (bind_url itself) overrides the file's address; --ip and --port do not:
+    JupyterHub copies them into bind_url when they change (_url_part_changed),
+    which is while the command line is parsed, before the file sets bind_url,
+    and applying the same values again after the file changes nothing."""
+    assert final_address(monkeypatch, tmp_path, "--ip", "0.0.0.0", "--port", "9") == \
+        "http://127.0.0.1:8000"
+    assert final_address(monkeypatch, tmp_path, "--url", "http://0.0.0.0:9") == "http://0.0.0.0:9"
 
 
 def fake_repository(top):
