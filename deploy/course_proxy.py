@@ -9,7 +9,7 @@ http://0.0.0.0:8000`` replaced that address after the check and put the trial
 mode's any-password login on every interface. (``--ip`` and ``--port`` reach
 ``bind_url`` only through ``JupyterHub._url_part_changed``, which runs while
 the command line is parsed, before the file sets ``bind_url``; applied again
-after the file they are unchanged and change nothing: tests/test_hub_config.py.)
+after the file they are unchanged and change nothing: tests/test_hub_exposure.py.)
 ``JupyterHub.init_proxy`` builds the proxy with the final ``bind_url`` and TLS
 files, after the hub's own address is set (``init_hub``) and before any port
 opens (``JupyterHub.start``): the check is made here, on what the proxy will

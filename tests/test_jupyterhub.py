@@ -40,7 +40,7 @@ the guide says; the modes are put back afterwards). Then:
    culls her idle kernel (its websocket open) and the kernel's ranks. Each
    stop of the hub must end its proxy and idle culler (tests/hub_client.py).
 
-Not root: every test here skips, saying so. test_hub_config.py checks the
+Not root: every test here skips, saying so. test_hub_config.py and test_hub_exposure.py check the
 refusals (trial mode as root, open binds, missing admin) without a hub.
 
 Run: sudo .venv/bin/python -m pytest tests/test_jupyterhub.py -v   (about 140 s on 2 cores)
@@ -128,7 +128,7 @@ def test_an_address_beyond_loopback_on_the_command_line_is_refused_before_the_pr
     load_config_file merges the command line last) and replaces COURSE_HUB_URL's
     address: the proxy checks the final one. The trial mode runs as an ordinary
     user (ian), the class mode as root. (`--ip`, also applied last, changes no
-    address once the file has set one: test_hub_config.py.)"""
+    address once the file has set one: test_hub_exposure.py.)"""
     ian = klass.accounts["ian"]
     plain = {k: v for k, v in os.environ.items() if not k.startswith("COURSE_")}
     environments = {
