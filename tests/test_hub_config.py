@@ -27,6 +27,7 @@ import class_spawner  # noqa: E402
 import course_proxy  # noqa: E402
 import gpu_pool  # noqa: E402
 import hub_settings  # noqa: E402
+import private_sources  # noqa: E402
 import sandbox_kernel  # noqa: E402
 import uid_processes  # noqa: E402
 import systemdspawner.systemd as systemd  # noqa: E402
@@ -81,6 +82,9 @@ def test_class_mode_refuses_what_would_be_unsafe(monkeypatch, tmp_path):
     assert "COURSE_IDLE_TIMEOUT='soon'" in said
     if os.stat(hub_settings.ASSIGNMENTS).st_mode & 0o007:
         assert "chmod -R go-rwx" in said, "the instructors' assignments are open to students"
+    for folder in private_sources.git_folders():  # a clone's .git is 0755
+        if os.stat(folder).st_mode & 0o005 == 0o005:
+            assert f"git history in {folder} can be read by students" in said
     said = refusals(monkeypatch, euid=1000, COURSE_HUB_STATE=str(tmp_path))
     assert said.startswith("class mode needs root")
 
