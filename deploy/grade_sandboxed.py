@@ -12,7 +12,9 @@ internet), with limits on memory, processes and CPU time, and a wall-clock
 deadline per submission. Between submissions every process of the sandbox user is ended
 and its files in /tmp, /var/tmp and /dev/shm removed, so nothing one
 submission leaves behind meets the next. The course directory must be
-private (mode 0700), so the sandbox user cannot read it at all.
+private (mode 0700), so the sandbox user cannot read it at all, and so must
+the repository's assignments and git history (private_sources.py): the
+sandbox reads the repository, for labsupport.
 
     sudo .venv/bin/python deploy/grade_sandboxed.py collect ASSIGNMENT --course-dir DIR
     sudo .venv/bin/python deploy/grade_sandboxed.py autograde ASSIGNMENT --course-dir DIR \\
@@ -36,6 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import private_sources
 import uid_processes
 
 HERE = Path(__file__).resolve().parent
@@ -102,6 +105,8 @@ def refusals(args, account):
     if stat.S_IMODE(args.course_dir.stat().st_mode) & 0o077:
         problems.append(f"{args.course_dir} is open to other users (solutions, hidden tests, "
                         f"submissions): chmod 700 {args.course_dir}")
+    found = private_sources.readable(account.pw_uid, account.pw_gid)  # None: reported below
+    problems += private_sources.refusals(found or {}, f"the sandbox user {account.pw_name}")
     run = subprocess.run([sys.executable, "-c", "import ipykernel, labsupport"], cwd="/",
                          user=account.pw_uid, group=account.pw_gid, extra_groups=[],
                          capture_output=True, text=True, env=_python_env())

@@ -6,28 +6,32 @@ Two modes (``COURSE_HUB_MODE``):
 - ``class`` (default): PAM logins limited to two Unix groups, one Unix user
   per student (class_spawner.py). Needs root (to read passwords and to switch
   to each student's uid). Refuses to start without an admin, with the
-  instructors' assignments readable by students, with a Python students cannot
-  run, or on a non-loopback address without TLS.
+  instructors' sources readable by students (notebooks/assignments, or the git
+  history, which holds them too: private_sources.py), with a Python students
+  cannot run, or on a non-loopback address without TLS.
 - ``trial``: every server runs as the hub's own user; loopback only, never as
   root. For one person trying the labs, or colleagues who trust each other.
 
 `read(environ)` gives a `Settings`; `refusals(settings)` lists what is wrong;
 `check(settings)` raises SystemExit with all of it, which JupyterHub reports
-before it opens any port. Standard library only.
+before it opens any port. `address_refusals` is also run by the proxy
+(course_proxy.py) on the address it is finally given, command line included.
+Standard library only.
 """
 import dataclasses
 import grp
 import ipaddress
 import os
 import pwd
-import stat
 import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-ROOT = Path(__file__).resolve().parent.parent  # the repository
-ASSIGNMENTS = ROOT / "notebooks" / "assignments"  # solutions and hidden tests inside
+import private_sources
+
+ROOT = private_sources.ROOT  # the repository
+ASSIGNMENTS = private_sources.ASSIGNMENTS  # solutions and hidden tests inside
 NOBODY = 65534  # who tries the course's Python, with the students' group
 INTEGERS = {"cpus": "COURSE_CPUS_PER_USER", "processes": "COURSE_PROCESSES_PER_USER",
             "idle_timeout": "COURSE_IDLE_TIMEOUT", "kernel_idle_timeout": "COURSE_KERNEL_IDLE_TIMEOUT"}
@@ -113,12 +117,27 @@ def refusals(s):
     return problems
 
 
-def _trial_refusals(s):
+def address_refusals(mode, public_url, tls, hub_url=None):
+    """What is wrong with where the hub listens: the proxy's public address (the
+    users'), and the hub's own port when known (it serves the login page too)."""
     problems = []
-    if not is_loopback(s.bind_url):
-        problems.append(f"trial mode listens on loopback only, not {s.bind_url}: every user's "
+    if mode == "trial" and not is_loopback(public_url):
+        problems.append(f"trial mode listens on loopback only, not {public_url}: every user's "
                         "server runs as one Unix user, so users can read each other's files, "
                         "tokens and kernels. Use COURSE_HUB_MODE=class to serve a class")
+    if mode == "class" and not is_loopback(public_url) and not tls:
+        problems.append(f"{public_url} is not loopback: set COURSE_HUB_SSL_CERT and "
+                        "COURSE_HUB_SSL_KEY (passwords must not cross the network in clear), "
+                        "or keep the hub on 127.0.0.1 behind an HTTPS reverse proxy")
+    if hub_url and not is_loopback(hub_url):
+        problems.append(f"the hub's own port listens on {hub_url}: keep it on 127.0.0.1 "
+                        "(JupyterHub.hub_ip): it serves the login page without TLS, and only "
+                        f"the proxy ({public_url}) is for users")
+    return problems
+
+
+def _trial_refusals(s):
+    problems = address_refusals("trial", s.bind_url, False)
     if os.geteuid() == 0:
         problems.append("trial mode refuses to run as root: its servers run as the hub's own "
                         "user, so every user would be root. Start it as an ordinary user, or "
@@ -130,17 +149,11 @@ def _class_refusals(s):
     if os.geteuid() != 0:
         return ["class mode needs root: PAM reads /etc/shadow, and each server is started "
                 "as its student's Unix user (root is dropped before the server runs)"]
-    problems = _group_refusals(s) + _state_refusals(s)
-    if not is_loopback(s.bind_url) and not (s.ssl_cert and s.ssl_key):
-        problems.append(f"{s.bind_url} is not loopback: set COURSE_HUB_SSL_CERT and "
-                        "COURSE_HUB_SSL_KEY (passwords must not cross the network in clear), "
-                        "or keep the hub on 127.0.0.1 behind an HTTPS reverse proxy")
+    problems = (_group_refusals(s) + _state_refusals(s)
+                + address_refusals("class", s.bind_url, bool(s.ssl_cert and s.ssl_key)))
     if s.spawner == "systemd" and not Path("/run/systemd/system").is_dir():
         problems.append("COURSE_SPAWNER=systemd, but systemd is not running on this node")
-    if ASSIGNMENTS.exists() and stat.S_IMODE(os.stat(ASSIGNMENTS).st_mode) & 0o007:
-        problems.append(f"{ASSIGNMENTS} (solutions, hidden tests, submissions) is open to "
-                        f"every user: chmod -R go-rwx {ASSIGNMENTS}")
-    return problems + _python_refusals(s)
+    return problems + _source_refusals(s) + _python_refusals(s)
 
 
 def group_members(name):
@@ -173,6 +186,19 @@ def _state_refusals(s):
         return [f"{s.state_dir} (the hub's secrets) belongs to another user: use a folder of "
                 "the hub's own"]
     return []
+
+
+def _source_refusals(s):
+    """Students read nothing of the instructors' sources (tried as a stand-in student)."""
+    try:
+        gid = grp.getgrnam(s.student_group).gr_gid
+    except KeyError:
+        gid = NOBODY  # the group is reported missing; others' access is still checked
+    found = private_sources.readable(NOBODY, gid)
+    if found is None:  # not really root (a test faking it): the folders' modes only
+        found = private_sources.open_to_all()
+    return private_sources.refusals(found, f"students (tried as uid {NOBODY} in group "
+                                           f"{s.student_group})")
 
 
 def _python_refusals(s):

@@ -9,7 +9,9 @@
 #   COURSE_HUB_MODE          class (default): PAM logins, one Unix user per
 #                            student; trial: every server runs as the hub's own
 #                            user, loopback only, never as root
-#   COURSE_HUB_URL           where the hub listens (default http://127.0.0.1:8000)
+#   COURSE_HUB_URL           where the hub listens (default http://127.0.0.1:8000);
+#                            the proxy checks the address again with the command
+#                            line applied (--url ...: course_proxy.py)
 #   COURSE_HUB_SSL_CERT/KEY  TLS files; needed to listen beyond loopback
 #   COURSE_HUB_STATE         cookie secret, database, proxy pid, mode 0700
 #                            (default /srv/course-hub; trial ~/.local/state/course-hub)
@@ -33,7 +35,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import gpu_pool  # noqa: E402  (deploy/, beside this file)
+import course_proxy  # noqa: E402  (deploy/, beside this file)
+import gpu_pool  # noqa: E402
 import hub_settings  # noqa: E402
 
 c = get_config()  # noqa: F821  (provided by JupyterHub when it reads this file)
@@ -52,6 +55,8 @@ def common(c, s):
     c.JupyterHub.db_url = f"sqlite:///{database}"
     c.JupyterHub.cookie_secret_file = str(s.state_dir / "jupyterhub_cookie_secret")
     c.ConfigurableHTTPProxy.pid_file = str(s.state_dir / "jupyterhub-proxy.pid")
+    c.JupyterHub.proxy_class = course_proxy.CourseProxy  # checks the final address
+    c.CourseProxy.course_mode = s.mode
     # The proxy's token is generated at each start and given to the proxy alone:
     # servers get only env_keep and the hub's JUPYTERHUB_* variables.
     proxy = HERE / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"

@@ -48,13 +48,17 @@ print(json.dumps(cluster.run(still_reduces, timeout=60)))
 
 # Shared by every attack: run one attempt and say whether it was denied.
 ATTEMPT = """
-import errno, json, os, signal, urllib.error, urllib.request
+import errno, json, os, signal, subprocess, urllib.error, urllib.request
 results = []
+class GitRefused(Exception):
+    pass
 def attempt(what, action):
     try:
         got = action()
-    except urllib.error.HTTPError as e:  # the hub says 404 for "not yours" (the test
-        # checks that the owner gets 200 from the same URL)
+    except GitRefused as e:  # the test checks git's words and that root's git reads it
+        verdict = f"denied: {e}"
+    except urllib.error.HTTPError as e:  # the test checks the code of each, and that the
+        # owner gets 200 from the same URL
         verdict = f"denied: HTTP {e.code}" if e.code in (401, 403, 404) else f"ALLOWED? HTTP {e.code}"
     except urllib.error.URLError as e:  # no way to the address (the test checks it exists)
         verdict = f"denied: {e.reason}"
@@ -74,6 +78,17 @@ def get(url, token=None):
 def readable(path):
     with open(path, "rb") as f:
         return f.read()
+def git_show(repo, path):  # as anyone would: git trusts no repository of another's
+    done = subprocess.run(["git", "-c", "safe.directory=*", "-C", repo, "show", "HEAD:" + path],
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode:
+        raise GitRefused("git: " + (done.stderr.strip().splitlines() or ["(nothing)"])[0])
+    return done.stdout
+def through_git(t):  # the instructors' notebook from the history, then its files
+    attempt("git show HEAD:" + t["source"], lambda: git_show(t["repo"], t["source"]))
+    attempt("list the git objects", lambda: os.listdir(t["objects"]))
+    for path in t["files"]:
+        attempt(f"read {path}", lambda path=path: readable(path))
 """
 ATTEMPT_ = ATTEMPT.replace("{", "{{").replace("}", "}}")  # inside a str.format template
 
@@ -94,6 +109,7 @@ for path in t["hub_files"]:
     attempt(f"read {{path}}", lambda path=path: readable(path))
 attempt("list the hub's state folder", lambda: os.listdir(t["state"]))
 attempt("read the instructors' assignments", lambda: os.listdir(t["assignments"]))
+through_git(t["git"])
 attempt("proxy API without its token", lambda: get(t["proxy_api"]))
 attempt("proxy API with A's token", lambda: get(t["proxy_api"], mine))
 attempt("B's server API with A's token, straight to its port", lambda: get(t["server_direct"], mine))
@@ -223,6 +239,7 @@ def find_marker():
                     pass
     raise PermissionError("not found")
 attempt("find the hidden test's text in any file within reach", find_marker)
+through_git(t["git"])
 attempt("reach the internet", lambda: __import__("socket").create_connection(("1.1.1.1", 80), 5))
 attempt("allocate twice the memory limit", lambda: bytearray(2 * t["memory"]))
 import subprocess

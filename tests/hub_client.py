@@ -9,6 +9,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import psutil
 import requests
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
@@ -65,7 +67,7 @@ class HubProcess:
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(self.wrapper)],
                                      cwd=self.folder, env=env, stdout=log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, preexec_fn=default_sigint)
         log.close()
         deadline = time.monotonic() + 60
         while True:
@@ -79,8 +81,14 @@ class HubProcess:
                 time.sleep(0.2)
 
     def stop(self):
+        """SIGTERM, as systemd would; the hub's own children (the proxy and the idle
+        culler, root's) must end with it. The students' servers run on."""
         if self.proc is None:
             return
+        try:
+            own = [p for p in psutil.Process(self.proc.pid).children() if p.uids().real == 0]
+        except psutil.Error:  # the hub already ended (a failed start)
+            own = []
         self.proc.terminate()
         try:
             self.proc.wait(timeout=30)
@@ -88,9 +96,23 @@ class HubProcess:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+        _, left = psutil.wait_procs(own, timeout=5)
+        names = [" ".join(p.cmdline()[:3]) for p in left]
+        for proc in left:
+            proc.kill()
+        assert not left, f"the hub left {names} running"
 
     def log(self):
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+def default_sigint():
+    """In the hub's process, before it starts: SIGINT back to its default. A test
+    run started in the background (`cmd &`) inherits SIGINT ignored, and so do
+    the hub's services; JupyterHub stops them with SIGINT, then SIGTERM after 30 s
+    (LocalProcessSpawner.interrupt_timeout), so a stop took 30 s and stop() above
+    killed the hub first, its proxy and idle culler left running."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class LoginRefused(AssertionError):

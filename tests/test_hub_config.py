@@ -24,8 +24,10 @@ from traitlets.config.loader import PyFileConfigLoader
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "deploy"))
 import class_spawner  # noqa: E402
+import course_proxy  # noqa: E402
 import gpu_pool  # noqa: E402
 import hub_settings  # noqa: E402
+import private_sources  # noqa: E402
 import sandbox_kernel  # noqa: E402
 import uid_processes  # noqa: E402
 import systemdspawner.systemd as systemd  # noqa: E402
@@ -80,6 +82,9 @@ def test_class_mode_refuses_what_would_be_unsafe(monkeypatch, tmp_path):
     assert "COURSE_IDLE_TIMEOUT='soon'" in said
     if os.stat(hub_settings.ASSIGNMENTS).st_mode & 0o007:
         assert "chmod -R go-rwx" in said, "the instructors' assignments are open to students"
+    for folder in private_sources.git_folders():  # a clone's .git is 0755
+        if os.stat(folder).st_mode & 0o005 == 0o005:
+            assert f"git history in {folder} can be read by students" in said
     said = refusals(monkeypatch, euid=1000, COURSE_HUB_STATE=str(tmp_path))
     assert said.startswith("class mode needs root")
 
@@ -106,6 +111,8 @@ def test_the_trial_configuration_is_labelled_culls_and_keeps_secrets_out_of_the_
         monkeypatch.setenv(name, value)
     c = PyFileConfigLoader("jupyterhub_config.py", str(ROOT / "deploy")).load_config()
     assert "Trial mode" in c.JupyterHub.template_vars["announcement"]
+    assert c.JupyterHub.proxy_class is course_proxy.CourseProxy
+    assert c.CourseProxy.course_mode == "trial"
     culler, = c.JupyterHub.services
     assert culler["command"][-2:] == ["--timeout=600", "--cull-every=60"]
     assert "--MappingKernelManager.cull_idle_timeout=300" in c.Spawner.args

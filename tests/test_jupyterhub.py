@@ -5,8 +5,13 @@ As root (CI is), a temporary class is made of real Unix users
 (tests/hub_class_env.py): students alice, bob and carol, instructor ian, an
 outsider mallory, and a sandbox user for grading; they and their homes are
 removed afterwards, also when a test fails. The hub runs on free ports of
-127.0.0.1 with a pool of two made-up GPUs, one per student. Then:
+127.0.0.1 with a pool of two made-up GPUs, one per student. The instructors'
+assignments and the git history are made private for the run (mode 0700, as
+the guide says; the modes are put back afterwards). Then:
 
+0. the hub is started in both modes with `--url http://0.0.0.0:PORT` on its
+   command line, which jupyterhub applies after the configuration file: each
+   refuses, saying why, before its proxy starts;
 1. logins go through the real login form and PAM: students and the
    instructor get in, the outsider and a wrong password do not; only the
    instructor is admin;
@@ -14,30 +19,38 @@ removed afterwards, also when a test fails. The hub runs on free ports of
    same moment; then alice tries, from her kernel, what a student would:
    bob's home, his processes' environments, his kernel's connection file and
    its ports, the hub's cookie secret, database and log, the proxy's token
-   and API, bob's server with her token and her cookie, killing bob's ranks.
-   Every attempt must fail, and bob's ranks still answer; a third student is
-   refused by the GPU pool, saying why;
+   and API, bob's server with her token and her cookie, killing bob's ranks,
+   an instructors' notebook through git (`git show HEAD:...`) and the
+   history's files. Every attempt must fail (each HTTP one with its exact
+   status code), and bob's ranks still answer; a third student is refused by
+   the GPU pool, saying why;
 3. a small assignment of this test's own (one hidden test) is released
    through nbgrader's exchange, alice and bob submit from their servers,
    alice also plants a submission in bob's name, and the instructor collects
    and autogrades with deploy/grade_sandboxed.py: the forged submission is
    not collected, and alice's code, run by the grader, cannot read the hidden
-   test, the gradebook or bob's work, hits the memory and process limits, and
-   leaves nothing behind;
+   test, the gradebook, bob's work or the repository's history, hits the
+   memory and process limits, and leaves nothing behind. As root this test
+   fails, rather than skips, where no network namespace can be made;
 4. the hub restarts with a short idle timeout: it lends no GPU twice (the
    servers kept running and the pool learns what they hold), the admin stops
    bob's server, and the idle culler stops alice's server with all her
-   processes (ranks, and one she detached), her GPU going back to the pool.
+   processes (ranks, and one she detached), her GPU going back to the pool;
+   meanwhile carol's server, started with a kernel idle timeout of 3 s,
+   culls her idle kernel (its websocket open) and the kernel's ranks. Each
+   stop of the hub must end its proxy and idle culler (tests/hub_client.py).
 
-Not root: every test here skips, saying so. test_hub_config.py checks the
+Not root: every test here skips, saying so. test_hub_config.py and test_hub_exposure.py check the
 refusals (trial mode as root, open binds, missing admin) without a hub.
 
-Run: sudo .venv/bin/python -m pytest tests/test_jupyterhub.py -v   (about 100 s on 2 busy cores)
+Run: sudo .venv/bin/python -m pytest tests/test_jupyterhub.py -v   (about 140 s on 2 cores)
 """
 import asyncio
 import json
 import os
+import pwd
 import secrets
+import shutil
 import stat
 import subprocess
 import sys
@@ -53,10 +66,13 @@ import requests
 
 import hub_attacks
 from hub_class_env import ROOT, TemporaryClass, uid_processes
-from hub_client import PROXY, Hub, HubProcess, LoginRefused, last_json, login_form, token_of
+from hub_client import (CONFIG, PROXY, Hub, HubProcess, LoginRefused, free_port, last_json,
+                        login_form, token_of)
+import private_sources  # deploy/, on the path through hub_class_env
 
 pytestmark = pytest.mark.slow
 ASSIGNMENTS = ROOT / "notebooks" / "assignments"
+GIT_FOLDERS = private_sources.git_folders()  # .git; for a worktree, its folder and the main one
 PEOPLE = ("alice", "bob", "carol", "ian")
 STUDENTS = ("alice", "bob")  # the two who run ranks and attack
 
@@ -66,31 +82,86 @@ def klass():
     if os.geteuid() != 0:
         pytest.skip("the class hub tests create Unix users: run them as root (CI does)")
     assert PROXY.exists(), f"{PROXY} is missing: run `make test` (or scripts/fetch_proxy.py)"
-    made, mode = TemporaryClass(), stat.S_IMODE(ASSIGNMENTS.stat().st_mode)
+    assert shutil.which("git") and GIT_FOLDERS, "the attacks on the history need git and a clone"
+    made = TemporaryClass()
+    # What the one-node guide closes (the class hub refuses to start otherwise):
+    # the instructors' assignments and the git history, which holds them too.
+    modes = {p: stat.S_IMODE(p.stat().st_mode) for p in [ASSIGNMENTS, *GIT_FOLDERS]}
     try:
         made.create(students=("alice", "bob", "carol"), instructors=("ian",),
                     outsiders=("mallory",), sandbox="sandbox")
         made.grant_python()
-        os.chmod(ASSIGNMENTS, mode & ~0o077)  # the class hub refuses to start otherwise
+        for path, mode in modes.items():
+            os.chmod(path, mode & ~0o077)
         yield made
     finally:
-        os.chmod(ASSIGNMENTS, mode)
+        for path, mode in modes.items():
+            os.chmod(path, mode)
         made.remove()
+
+
+def class_settings(klass, state):
+    """The class hub's environment in these tests: the temporary class, two made-up GPUs."""
+    return {"COURSE_HUB_STATE": str(state), "COURSE_SPAWNER": "local",
+            "COURSE_STUDENT_GROUP": klass.students_group,
+            "COURSE_INSTRUCTOR_GROUP": klass.instructors_group,
+            "COURSE_GPU_POOL": "0,1", "COURSE_GPUS_PER_USER": "1",
+            "COURSE_GPU_WHEN_EMPTY": "refuse", "COURSE_CPUS_PER_USER": "1",
+            "COURSE_IDLE_TIMEOUT": "3600", "PYTHONPATH": str(ROOT)}
 
 
 @pytest.fixture(scope="module")
 def hub(klass):
     folder = klass.base / "run"
     folder.mkdir(mode=0o700)
-    process = HubProcess(folder, {
-        "COURSE_HUB_STATE": str(klass.base / "state"), "COURSE_SPAWNER": "local",
-        "COURSE_STUDENT_GROUP": klass.students_group,
-        "COURSE_INSTRUCTOR_GROUP": klass.instructors_group,
-        "COURSE_GPU_POOL": "0,1", "COURSE_GPUS_PER_USER": "1", "COURSE_GPU_WHEN_EMPTY": "refuse",
-        "COURSE_CPUS_PER_USER": "1", "COURSE_IDLE_TIMEOUT": "3600", "PYTHONPATH": str(ROOT)})
+    process = HubProcess(folder, class_settings(klass, klass.base / "state"))
     process.start()
     yield process
     process.stop()
+
+
+# --- 0. the address, checked after the command line -------------------------------
+
+def test_an_address_beyond_loopback_on_the_command_line_is_refused_before_the_proxy_starts(
+        klass):
+    """`--url` is applied after the configuration file (jupyterhub's
+    load_config_file merges the command line last) and replaces COURSE_HUB_URL's
+    address: the proxy checks the final one. The trial mode runs as an ordinary
+    user (ian), the class mode as root. (`--ip`, also applied last, changes no
+    address once the file has set one: test_hub_exposure.py.)"""
+    ian = klass.accounts["ian"]
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("COURSE_")}
+    environments = {
+        "trial": {**plain, "HOME": str(ian.home), "USER": ian.name, "COURSE_HUB_MODE": "trial",
+                  "COURSE_GPU_POOL": "none", "COURSE_HUB_STATE": str(ian.home / "trial-state"),
+                  "PYTHONPATH": str(ROOT)},
+        "class": {**plain, **class_settings(klass, klass.base / "state-refused")}}
+    gids = os.getgrouplist(ian.name, pwd.getpwnam(ian.name).pw_gid)
+    as_ian = {"trial": dict(user=ian.uid, group=gids[0], extra_groups=gids), "class": {}}
+    runs, urls = {}, {}
+    for mode, env in environments.items():
+        urls[mode] = f"http://0.0.0.0:{free_port()}/"
+        ports = [f"--url={urls[mode]}", f"--JupyterHub.hub_bind_url=http://127.0.0.1:{free_port()}",
+                 f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{free_port()}"]
+        out = open(klass.base / f"refused-{mode}.log", "w")  # a file: a stray proxy holds no pipe
+        runs[mode] = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(CONFIG),
+                                       *ports], cwd=Path(env["COURSE_HUB_STATE"]).parent,
+                                      env=env, stdout=out, stderr=subprocess.STDOUT,
+                                      **as_ian[mode])
+        out.close()
+    for mode, run in runs.items():
+        try:
+            run.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # it serves: the check was got past
+            run.kill()
+            run.wait()
+        said = (klass.base / f"refused-{mode}.log").read_text()
+        assert run.returncode == 1, f"{mode}: the hub ran on {urls[mode]}:\n{said[-3000:]}"
+        assert "command-line options included" in said, said[-3000:]
+        assert "Starting proxy" not in said and "is now running" not in said
+        reason = {"trial": f"trial mode listens on loopback only, not {urls[mode]}",
+                  "class": f"{urls[mode]} is not loopback: set COURSE_HUB_SSL_CERT"}[mode]
+        assert reason in said, said[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +352,7 @@ async def alice_attacks_bob(hub, klass, people, servers, info, bob_tree):
                "pids": [p.pid for p in bob_tree], "hub_pids": hub_pids, "state": str(state),
                "hub_files": [str(state / f) for f in ("jupyterhub_cookie_secret",
                                                       "jupyterhub.sqlite")] + [str(hub.log_path)],
-               "assignments": str(ASSIGNMENTS / "source"),
+               "assignments": str(ASSIGNMENTS / "source"), "git": git_targets(),
                "proxy_api": f"http://127.0.0.1:{hub.api_port}/api/routes",
                "server_direct": f"http://127.0.0.1:{server_port}/user/{bob.name}/api/kernels",
                "server_proxied": hub.url + f"user/{bob.name}/api/kernels",
@@ -290,18 +361,56 @@ async def alice_attacks_bob(hub, klass, people, servers, info, bob_tree):
                                      psutil.Process(pid).net_connections(kind="inet")
                                      if c.status == psutil.CONN_LISTEN})}
     check_owner_gets_in(targets, bob.token, hidden["the proxy's token"])
+    check_git_reads_for_its_owner(targets["git"])
     for path in [bob.home / ".profile", targets["connection_file"], *targets["hub_files"]]:
         assert Path(path).exists(), f"{path}: a denial must not mean a wrong path"
     results = last_json(await servers.kernels["alice"].execute(
         hub_attacks.PEER.format(targets=json.dumps(targets))))
     allowed = [r for r in results if not r[1].startswith("denied")]
     assert not allowed, f"alice got through: {allowed}"
-    assert len(results) >= 20 + 2 * len(targets["pids"])
+    assert len(results) >= 24 + 2 * len(targets["pids"])
+    verdicts = dict(results)
+    for what, code in HTTP_DENIALS.items():  # book/jupyterhub.md states these codes
+        assert verdicts[what] == f"denied: HTTP {code}", (what, verdicts[what])
+    check_git_denied(verdicts, targets["git"])
     print("alice against bob and the hub:\n" + "\n".join(f"  {w}: {v}" for w, v in results))
     await inject_into_bobs_kernel(servers, info, bob)
     for path in ("jupyterhub_cookie_secret", "jupyterhub.sqlite"):
         assert stat.S_IMODE((state / path).stat().st_mode) == 0o600
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
+
+
+# What each of alice's HTTP attempts gets (the owner gets 200 from each URL):
+# configurable-http-proxy answers 403 to a request without its token; a user's
+# server 403 to a valid token of another user; the hub's API 404 for a user
+# the token may not see.
+HTTP_DENIALS = {"proxy API without its token": 403, "proxy API with A's token": 403,
+                "B's server API with A's token, straight to its port": 403,
+                "B's server API with A's token, through the proxy": 403,
+                "the hub's API for B with A's token": 404}
+
+
+def git_targets():
+    """An instructors' notebook as the history holds it, and files of the history."""
+    listed = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(ROOT), "ls-files",
+                             "notebooks/assignments/source/*.ipynb"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    objects = next(f / "objects" for f in reversed(GIT_FOLDERS) if (f / "objects").is_dir())
+    files = [GIT_FOLDERS[0] / "HEAD", next(p for p in sorted(objects.rglob("*")) if p.is_file())]
+    return {"repo": str(ROOT), "source": listed[0], "objects": str(objects),
+            "files": [str(f) for f in files]}
+
+
+def check_git_reads_for_its_owner(git):
+    """The denial below means "not yours": root's git prints the solution."""
+    shown = subprocess.run(["git", "-c", "safe.directory=*", "-C", git["repo"], "show",
+                            "HEAD:" + git["source"]], capture_output=True, text=True)
+    assert shown.returncode == 0 and "BEGIN SOLUTION" in shown.stdout, shown.stderr
+
+
+def check_git_denied(verdicts, git):
+    said = verdicts["git show HEAD:" + git["source"]]
+    assert said.startswith("denied: git: fatal: not a git repository"), said
 
 
 def check_owner_gets_in(targets, bob_token, proxy_token):
@@ -341,9 +450,11 @@ NETNS_PROBE = ("import ctypes, sys\n"
 
 def test_autograding_runs_each_submission_sandboxed_and_collects_no_forgery(loop, hub, klass,
                                                                             people, servers):
-    if subprocess.run([sys.executable, "-c", NETNS_PROBE]).returncode:
-        pytest.skip("no network namespace can be made here (CAP_SYS_ADMIN): the grading "
-                    "sandbox refuses to run students' code without one")
+    if subprocess.run([sys.executable, "-c", NETNS_PROBE]).returncode:  # root here (klass)
+        pytest.fail("root cannot make a network namespace here (unshare(CLONE_NEWNET) "
+                    "failed: no CAP_SYS_ADMIN, as in an unprivileged container): the grading "
+                    "sandbox refuses to run students' code without one, so this attack cannot "
+                    "run. Run the tests where root has CAP_SYS_ADMIN (CI does)")
     with_log(hub, lambda: loop.run_until_complete(grading(hub.url, klass, people, servers)))
 
 
@@ -384,7 +495,7 @@ def grader_targets(hub_url, klass, people, course, inbound, links):
         "folders": {"the course": str(course), "B's home": str(people["bob"].home),
                     "the exchange's inbound": str(inbound),
                     "the repository's assignments": str(ASSIGNMENTS)},
-        "urls": {"the hub": hub_url + "hub/api/"}}
+        "urls": {"the hub": hub_url + "hub/api/"}, "git": git_targets()}
 
 
 async def grading(hub_url, klass, people, servers):
@@ -436,6 +547,7 @@ def check_graded(course, klass, people, said, marker, planted):
     verdicts = dict(results)
     assert verdicts["allocate twice the memory limit"] == "denied: MemoryError"
     assert verdicts["start more processes than the limit"] == "denied: BlockingIOError"
+    check_git_denied(verdicts, git_targets())
     print("alice's code, as the grader ran it:\n" + "\n".join(f"  {w}: {v}" for w, v in results))
     assert uid_processes.pids_of(klass.accounts["sandbox"].uid) == [], "a sandbox process left"
     assert not (Path("/tmp") / planted).exists(), "a file left for the next submission"
@@ -473,6 +585,39 @@ async def logged_within(hub, text, seconds):
         await asyncio.sleep(0.2)
 
 
+KERNEL_IDLE = 3  # s: carol's server, started after the restart, culls kernels idle this long
+RANKS = """
+import json, os, labsupport as ls, torch.distributed as dist
+cluster = ls.start(world_size=2)
+cluster.run(dist.barrier)
+print(json.dumps({"kernel": os.getpid(), "ranks": cluster.pids}))
+"""
+
+
+async def pids_gone_within(pids, seconds, what):
+    deadline = time.monotonic() + seconds
+    while left := [p for p in pids if psutil.pid_exists(p)]:
+        assert time.monotonic() < deadline, f"{what}: {left} still there after {seconds} s"
+        await asyncio.sleep(0.2)
+
+
+async def kernel_culled(hub, api, carol):
+    """carol's kernel, idle with its tab (websocket) still open, is shut down by her
+    server, and its ranks and process server end with it; her server runs on."""
+    await mark_active(hub, api, [carol.name])  # so that the hub's culler leaves her server
+    kernel = await api.kernel(carol.name, carol.token)
+    info = last_json(await kernel.execute(RANKS))
+    doomed = [info["kernel"], psutil.Process(info["ranks"][0]).ppid(), *info["ranks"]]
+    await mark_active(hub, api, [carol.name])
+    log = carol.home / ".course-hub" / "server.log"
+    assert f"Culling kernels with idle durations > {KERNEL_IDLE} seconds" in log.read_text()
+    await pids_gone_within(doomed, KERNEL_IDLE + 20, "carol's idle kernel and its ranks")
+    culled = f"Culling 'idle' kernel 'python3' ({kernel.id}) with 1 connections due to"
+    assert culled in log.read_text(), "her server culled it, her tab still open"
+    _, running = await api.api("GET", f"user/{carol.name}/api/kernels", carol.token)
+    assert running == [], "her server answers, with no kernel left"
+
+
 async def restart_and_cull(hub, people, servers):
     alice, bob, carol, ian = (people[s] for s in ("alice", "bob", "carol", "ian"))
     await servers.kernels["alice"].execute(
@@ -483,7 +628,7 @@ async def restart_and_cull(hub, people, servers):
     await mark_active(hub, servers.api, [alice.name, bob.name])  # idle from now on
     hub.stop()
     assert len(uid_processes.pids_of(alice.uid)) >= 5, "servers outlive the hub"
-    hub.start(COURSE_IDLE_TIMEOUT=str(idle_timeout))
+    hub.start(COURSE_IDLE_TIMEOUT=str(idle_timeout), COURSE_KERNEL_IDLE_TIMEOUT=str(KERNEL_IDLE))
     for name, gpu in ((alice.name, "0"), (bob.name, "1")):
         assert f"gpu_pool: {name} still holds '{gpu}'" in hub.log(), "restored at start"
     refused = f"No GPU free for {carol.name}.*held by: {alice.name} \\(0\\), {bob.name} \\(1\\)"
@@ -493,7 +638,8 @@ async def restart_and_cull(hub, people, servers):
     await gone_within(bob.uid, 30, "bob's server stopped by the admin")
     await servers.api.start_server(carol.name, carol.token)
     assert f"gpu_pool: {carol.name} gets CUDA_VISIBLE_DEVICES=" in hub.log()
-    await gone_within(alice.uid, idle_timeout + 20, "alice's idle server")
+    await asyncio.gather(gone_within(alice.uid, idle_timeout + 20, "alice's idle server"),
+                         kernel_culled(hub, servers.api, carol))
     assert f"Culling server {alice.name} (inactive for" in hub.log(), "the culler stopped it"
     await logged_within(hub, f"gpu_pool: {alice.name} gave back '0'", 30)
     await servers.api.api("DELETE", f"hub/api/users/{carol.name}/server", ian.token)
