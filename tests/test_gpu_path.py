@@ -7,8 +7,9 @@
   lessons' CPU-tensor collectives, a CUDA-only group ("cuda:gloo", what a
   plain "nccl" group is for CPU tensors) fails them; the graders pin gloo.
 - torchrun (ls.main) makes the same group, device_id included.
-- A rank waits for its GPU work inside the run's deadline, and results come
-  back with every tensor on the CPU, wherever it sits.
+- A rank waits for its GPU work inside the run's deadline (after an error
+  too, keeping the error), and results come back with every tensor on the
+  CPU, wherever it sits and whatever its class.
 - Timings go through labsupport.timing (a GPU's work, not the host's queueing):
   ddp_probe and chapter 5's harness (zero-bubble's is its subclass); chapters 0,
   4 and 6 call it in their cells.
@@ -156,6 +157,36 @@ def test_a_rank_waits_for_its_gpu_inside_the_deadline_and_says_so():
     ls.shutdown()
 
 
+def gpu_work_then_an_error(gpu):
+    """The function raises with GPU work queued, which then fails or never ends."""
+    from labsupport.launch import rank_main as this_rank
+    torch.cuda.is_initialized = lambda: True
+
+    def synchronize(*args):
+        if gpu == "fails":
+            raise RuntimeError("CUDA error: device-side assert triggered")
+        time.sleep(60)
+    torch.cuda.synchronize = synchronize
+    this_rank.AFTER_ERROR_WAIT = 0.5
+    raise ValueError("the function's own error")
+
+
+def test_a_rank_whose_function_raised_still_waits_for_its_gpu_and_keeps_the_error():
+    group = ls.start(world_size=2, backend="gloo")
+    with pytest.raises(ls.RankError) as info:
+        group.run(gpu_work_then_an_error, "fails")
+    assert "the function's own error" in str(info.value)
+    assert "failed too: RuntimeError: CUDA error: device-side assert triggered" in str(info.value)
+    started = time.monotonic()
+    with pytest.raises(ls.RankError) as info:  # the function's error, not the deadline's
+        group.run(gpu_work_then_an_error, "never ends", timeout=60)
+    assert not isinstance(info.value, ls.RankTimeout) and time.monotonic() - started < 30
+    assert "the function's own error" in str(info.value)
+    assert "had not completed 0.5 s after the error" in str(info.value)
+    assert group.run(lambda: 1) == [1, 1]
+    ls.shutdown()
+
+
 @dataclasses.dataclass
 class Result:
     loss: torch.Tensor
@@ -163,6 +194,14 @@ class Result:
 
 
 class Plain:
+    pass
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass with an attribute of its own."""
+
+
+class TaggedParameter(torch.nn.Parameter):
     pass
 
 
@@ -176,13 +215,46 @@ def test_every_tensor_of_a_result_goes_back_on_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "cpu", recording_cpu)
     layer, plain, loss = torch.nn.Linear(2, 3), Plain(), torch.ones(2, requires_grad=True) * 2
     plain.state = torch.zeros(4)
-    value = {"result": Result(loss, 3), "model": layer, "object": plain}
+    tagged = (torch.arange(3.0, requires_grad=True) * 2).as_subclass(Tagged)
+    tagged.tag = "mine"
+    param = TaggedParameter(torch.ones(2))
+    value = {"result": Result(loss, 3), "model": layer, "object": plain,
+             "subclass": tagged, "parameter": param}
     back = pickle.loads(rank_main._dump_result(value))
-    for tensor in (loss, layer.weight, layer.bias, plain.state):
+    for tensor in (loss, layer.weight, layer.bias, plain.state, tagged, param):
         assert tensor.data_ptr() in moved
     assert back["result"].steps == 3 and back["result"].loss.grad_fn is None
     assert isinstance(back["model"].weight, torch.nn.Parameter)
     torch.testing.assert_close(back["model"].weight, layer.weight)
+    assert type(back["subclass"]) is Tagged and back["subclass"].tag == "mine"
+    assert back["subclass"].requires_grad and back["subclass"].grad_fn is None
+    assert back["subclass"].as_subclass(torch.Tensor).tolist() == [0.0, 2.0, 4.0]
+    assert type(back["parameter"]) is TaggedParameter and back["parameter"].requires_grad
+
+
+def a_dtensor_result():
+    """A DTensor as a rank returns it, its local shard moved through ``.cpu()``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    shards = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
+    moved, cpu = [], torch.Tensor.cpu
+    torch.Tensor.cpu = lambda t, *a, **k: moved.append(t.data_ptr()) or cpu(t, *a, **k)
+    try:
+        data = rank_main._dump_result(shards)
+    finally:
+        torch.Tensor.cpu = cpu
+    return data, shards.to_local().data_ptr() in moved
+
+
+def test_a_dtensor_result_keeps_its_placements_its_shard_on_the_cpu():
+    from torch.distributed.tensor import DTensor, Shard
+    for rank, (data, shard_moved) in enumerate(
+            ls.run(a_dtensor_result, world_size=2, backend="gloo")):
+        back = pickle.loads(data)
+        assert shard_moved and isinstance(back, DTensor) and back.placements == (Shard(0),)
+        assert back.shape == (4,) and back.to_local().tolist() == [2.0 * rank, 2.0 * rank + 1]
+    ls.shutdown()
 
 
 # -- timings: the device's work ----------------------------------------------------------
