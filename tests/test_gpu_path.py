@@ -105,6 +105,29 @@ def test_the_graders_pin_gloo_whatever_group_the_chapter_runs(monkeypatch):
     ls.shutdown()
 
 
+def groups_the_graders_make():
+    """(file:line, backend) of every group a grader asks the launcher for
+    (``group_for``, ``session.start``, ``session.run``) in labsupport/grading."""
+    import ast
+    found = []
+    for path in sorted((ROOT / "labsupport" / "grading").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                    node.func.attr == "group_for" or (
+                        node.func.attr in ("start", "run") and
+                        getattr(node.func.value, "id", None) in ("session", "ls"))):
+                backend = next((k.value.value for k in node.keywords if k.arg == "backend"
+                                and isinstance(k.value, ast.Constant)), None)
+                found.append((f"{path.name}:{node.lineno}", backend))
+    return found
+
+
+def test_every_group_a_grader_makes_is_pinned_to_gloo():
+    made = groups_the_graders_make()
+    assert any(where.startswith("diagnosis.py") for where, _ in made)  # the scan sees them
+    assert [where for where, backend in made if backend != "gloo"] == []
+
+
 # -- torchrun: the same group as ls.start ---------------------------------------------
 
 def test_ls_main_makes_the_group_ls_start_makes_device_id_included(monkeypatch):
