@@ -11,8 +11,10 @@
   too, keeping the error), and results come back with every tensor on the
   CPU, wherever it sits and whatever its class.
 - Timings go through labsupport.timing (a GPU's work, not the host's queueing):
-  ddp_probe and chapter 5's harness (zero-bubble's is its subclass); chapters 0,
-  4 and 6 call it in their cells.
+  ddp_probe, chapter 5's harness (zero-bubble's is its subclass), the
+  time-beside-bytes sweeps (collectives timed by timing.CallClock); no measuring
+  module reads time.perf_counter itself but where listed, with the reason;
+  chapters 0, 4 and 6 call it in their cells.
 - Threads per rank follow the container's CPU quota and $LABSUPPORT_CPUS.
 - NCCL's environment in every rank and in the process server.
 - make test-gpu skips in one line here; its sanitizer masks GPU-only outputs.
@@ -299,26 +301,101 @@ def timing_timeline(device):
 
 
 def probes_time_the_device():
-    """ddp_probe's steps and chapter 5's pipeline (zero-bubble's harness is its
-    subclass): the devices their clocks waited for."""
-    seen = []
-    sync = timing.sync
+    """Per probe, the devices its clock waited for: ddp_probe's steps, chapter 5's
+    pipeline (zero-bubble's harness is its subclass), and the time-beside-bytes
+    sweeps of chapters 4 (forward and g's all-reduce) and 5 (a stage's forward)."""
+    from labsupport.crossings import pipeline as pp_crossing, tensor_parallel as tp_crossing
+    seen, sync = [], timing.sync
     timing.sync = lambda device=None: seen.append(str(device)) or sync(device)
+
+    def devices(probe, *args, **kwargs):
+        seen.clear()
+        probe(*args, **kwargs)
+        return sorted(set(seen))
     try:
         x, y = models.toy_regression(8, 4, 2, seed=1)
-        ddp_probe.profile_steps(lambda: models.DeepMLP(4, 8, 2, 2, seed=0),
-                                ddp.DataParallelNaive, x, y, steps=1, warmup=0)
-        x, y = models.toy_regression(4, 8, 4, seed=1)
-        pipeline.run_step(pipeline.train_step_1f1b, x, y, 2, 1,
-                          dict(d_in=8, width=16, depth=3, d_out=4, seed=0))
+        x4, y4 = models.toy_regression(4, 8, 4, seed=1)
+        return {
+            "ddp_probe": devices(ddp_probe.profile_steps, lambda: models.DeepMLP(4, 8, 2, 2, seed=0),
+                                 ddp.DataParallelNaive, x, y, steps=1, warmup=0),
+            "pipeline": devices(pipeline.run_step, pipeline.train_step_1f1b, x4, y4, 2, 1,
+                                dict(d_in=8, width=16, depth=3, d_out=4, seed=0)),
+            "crossings.tensor_parallel": devices(tp_crossing._forward_times, 16, 1),
+            "crossings.pipeline": devices(pp_crossing._forward_and_send,
+                                          pp_crossing.stage(16, 1), torch.randn(8, 16))}
     finally:
         timing.sync = sync
-    return sorted(set(seen))
 
 
 def test_the_probes_and_harnesses_time_through_labsupport_timing():
-    assert ls.run(probes_time_the_device, world_size=2, backend="gloo") == [["cpu"]] * 2
+    assert ls.run(probes_time_the_device, world_size=2, backend="gloo") == [{
+        "ddp_probe": ["cpu"], "pipeline": ["cpu"], "crossings.tensor_parallel": ["cpu"],
+        "crossings.pipeline": ["cpu"]}] * 2
     ls.shutdown()
+
+
+def all_reduce_timed_by_the_call_clock():
+    """A recorded all-reduce on a CallClock: its span and the waits for the device."""
+    from labsupport import calls
+    seen, sync = [], timing.sync
+    timing.sync = lambda device=None: seen.append(str(device)) or sync(device)
+    try:
+        clock = timing.CallClock(torch.device("cpu"))
+        with calls.record(clock) as log:
+            dist.all_reduce(torch.ones(1 << 16))
+            dist.all_reduce(torch.ones(4), async_op=True).wait()  # not timed: async
+    finally:
+        timing.sync = sync
+    return clock.total(log.calls[:1]), len(clock.seconds), seen
+
+
+def test_the_call_clock_times_a_blocking_collective_on_the_device():
+    for seconds, timed, seen in ls.run(all_reduce_timed_by_the_call_clock, world_size=2,
+                                       backend="gloo"):
+        assert 0 < seconds < 10 and timed == 1 and seen == ["cpu", "cpu"]
+    ls.shutdown()
+
+
+# Where a module that measures may read time.perf_counter itself, and why; everywhere
+# else its clock is labsupport.timing's (a GPU's work, not the host's queueing of it).
+HOST_CLOCKS = {
+    "timing.now": "the clock itself, once the device is idle",
+    "calls._new": "a call's host-side stamps (NCCL's end when queued: calls.py says so); "
+                  "timing.CallClock times calls on the device",
+    "calls._ended": "the same",
+    "ddp_probe.GradReadyProbe.start": "the backward's segments, host-side by design: a wait "
+                                      "for the GPU in a gradient hook would undo the overlap",
+    "ddp_probe.GradReadyProbe._ready": "the same",
+    "ring_attention.ring_forward": "when a K/V transfer is posted (its span ends on the "
+                                   "timeline's device clock, record_since)",
+    "overlap.timed": "waits for the GPU itself (torch.cuda.synchronize)",
+    "sweep._timed": "each call it times waits for its device (sweep's run_once: timing.sync)",
+    "doctor.start_and_allreduce": "start-up time, and an all-reduce that waits for the GPU",
+}
+
+
+def perf_counter_readers():
+    """'module.function' of every direct time.perf_counter() in the measuring modules
+    (labsupport and its crossings; the launcher and the benches are not lessons')."""
+    import ast
+    found = set()
+
+    def visit(node, names):
+        for child in ast.iter_child_nodes(node):
+            inner = names + [child.name] if isinstance(
+                child, (ast.FunctionDef, ast.ClassDef)) else names
+            if isinstance(child, ast.Attribute) and child.attr == "perf_counter":
+                found.add(".".join(inner))
+            visit(child, inner)
+    for path in sorted((ROOT / "labsupport").rglob("*.py")):
+        parts = list(path.relative_to(ROOT / "labsupport").with_suffix("").parts)
+        if parts[0] not in ("launch", "bench"):
+            visit(ast.parse(path.read_text()), parts)
+    return found
+
+
+def test_no_measuring_module_reads_the_host_clock_but_where_listed():
+    assert perf_counter_readers() == set(HOST_CLOCKS)
 
 
 # -- threads per rank: the container's quota ------------------------------------------
