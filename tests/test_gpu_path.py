@@ -130,6 +130,31 @@ def test_every_group_a_grader_makes_is_pinned_to_gloo():
     assert [where for where, backend in made if backend != "gloo"] == []
 
 
+def backend_string_tests():
+    """Code lines of the chapters and assignment sources that read the backend
+    string (``dist.get_backend()``, a group's ``backend``) or compare with "gloo"
+    or "nccl" anything but ``ls.backend_of``'s answer."""
+    import nbformat
+    found = []
+    compares = re.compile(r"""[!=]=\s*["'](gloo|nccl)["']|["'](gloo|nccl)["']\s*[!=]=""")
+    for path in sorted((ROOT / "notebooks").rglob("*.ipynb")):
+        if ".ipynb_checkpoints" in path.parts:
+            continue
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            for line in cell.source.splitlines() if cell.cell_type == "code" else []:
+                if "get_backend" in line or re.search(r"\.backend\s*[!=]=", line) or (
+                        compares.search(line) and "backend_of" not in line):
+                    found.append(f"{path.relative_to(ROOT)} cell {i}: {line.strip()}")
+    return found
+
+
+def test_no_chapter_asks_the_backend_string_what_a_group_does():
+    """On GPUs the string is "cpu:gloo,cuda:nccl": a test of it is silently
+    skipped. ``ls.backend_of(x.device)``, asked in the run, says what that
+    run's group does with x's tensors."""
+    assert backend_string_tests() == []
+
+
 # -- torchrun: the same group as ls.start ---------------------------------------------
 
 def test_ls_main_makes_the_group_ls_start_makes_device_id_included(monkeypatch):
