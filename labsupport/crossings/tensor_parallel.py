@@ -16,10 +16,10 @@ forward's wall time less the all-reduce, and the all-reduce, each the
 median rank's, both on the device's clock (``labsupport.timing``: on a GPU,
 its work done, not the host's enqueue). The formula prices the same
 all-reduce with this machine's link (chapter 2's α-β model fitted to
-all-reduces on the group,
-``sweep.measure``, timed between the sizes of the sweep so that they share
-its load) against the matmuls' FLOPs at the FLOP/s the forward reached at
-the largest size, and finds where the two meet (``overlap.crossing``).
+all-reduces on the group, ``sweep.measure``, timed between the sizes of
+the sweep so that they share its load) against the matmuls' FLOPs at the
+FLOP/s the forward reached at the largest size, and finds where the two
+meet (``overlap.crossing``).
 """
 import statistics
 
