@@ -353,9 +353,10 @@ def probes_time_the_device():
 
 
 def test_the_probes_and_harnesses_time_through_labsupport_timing():
-    assert ls.run(probes_time_the_device, world_size=2, backend="gloo") == [{
-        "ddp_probe": ["cpu"], "pipeline": ["cpu"], "crossings.tensor_parallel": ["cpu"],
-        "crossings.pipeline": ["cpu"]}] * 2
+    every_rank = {"ddp_probe": ["cpu"], "pipeline": ["cpu"], "crossings.tensor_parallel": ["cpu"]}
+    assert ls.run(probes_time_the_device, world_size=2, backend="gloo") == [
+        dict(every_rank, **{"crossings.pipeline": ["cpu"]}),  # rank 0 times the stage,
+        dict(every_rank, **{"crossings.pipeline": []})]       # rank 1 sends it back
     ls.shutdown()
 
 
