@@ -10,8 +10,9 @@
 
 Timestamps are ``time.perf_counter()``, one clock for every rank of a
 machine (see labsupport.timeline), read once the rank's device has finished
-its queued work (``labsupport.timing``): step times and compute spans are the
-GPU's on a GPU. An asynchronous all-reduce is timed from
+its queued work (``labsupport.timing``): step times and the forward's and the
+optimizer's spans are the GPU's on a GPU; the backward's segments are the
+host's (``GradReadyProbe``). An asynchronous all-reduce is timed from
 the call to its completion, stamped by a callback on the work's future (run
 by the backend's thread when the work completes), so its bar on the timeline
 is when the communication really ran, not when someone waited for it. That
@@ -80,7 +81,11 @@ class GradReadyProbe:
     Call ``start()`` right before ``loss.backward()``. Register the probe on
     the bare model *before* wrapping it, so its hook runs before the wrapper's
     (hooks of a tensor run in registration order) and a segment ends when the
-    gradient is ready, not after its all-reduce was launched.
+    gradient is ready, not after its all-reduce was launched. Its stamps are
+    the host's (``time.perf_counter`` as autograd runs the hook): waiting for
+    a GPU there would wait for the all-reduces in flight too and undo the
+    overlap being measured, so on a GPU a segment is when that part of the
+    backward was queued (a CUDA profiler shows the device's).
     """
 
     def __init__(self, module, timeline: Timeline):

@@ -84,7 +84,7 @@ def hybrid_step(model, opt, ids, targets, dp_group):
 
 
 def train_device_mesh(cfg, batches, lr, dp, tp):
-    """K steps on init_device_mesh's (dp, tp) mesh: DTensor TP on "tp", then
+    """One step per batch on init_device_mesh's (dp, tp) mesh: DTensor TP on "tp", then
     fully_shard on "dp". Returns the full parameters (``full_tensor``), the
     same on every rank.
     """
@@ -111,9 +111,9 @@ class TPMLP(nn.Module):
     def __init__(self, mlp, tp_group):
         super().__init__()
         self.group = tp_group
-        self.fc1 = ColumnParallelLinear(mlp[0], tp_group)  # h -> 4h/t
+        self.fc1 = ColumnParallelLinear(mlp[0], tp_group)  # h -> 4h/TP
         self.act = mlp[1]
-        self.fc2 = RowParallelLinear(mlp[2], tp_group)     # 4h/t -> h, g
+        self.fc2 = RowParallelLinear(mlp[2], tp_group)     # 4h/TP -> h, g
 
     def forward(self, x):                                  # (b, s, h)
         return self.fc2(self.act(self.fc1(enter_tp(x, self.group))))
@@ -169,7 +169,7 @@ def step_3d(stage, x, y, lr, groups, pp):
 
 
 def train_3d(dp, pp, tp, hidden, batches, lr):
-    """K 3-D steps; this rank's parameters (its TP shards of its stage)."""
+    """One 3-D step per batch; this rank's parameters (its TP shards of its stage)."""
     groups = cube_groups(dp, pp, tp)
     block = mlp_stack(pp, hidden)[dist.get_rank(groups["pp"])]
     stage = TPMLP(block, groups["tp"])

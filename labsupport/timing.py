@@ -4,6 +4,7 @@
     loss = model(x); loss.backward()     # work on `device`
     seconds = timing.now(device) - start
     Timeline(rank, device=device)        # spans timed the same way (labsupport.timeline)
+    calls.record(CallClock(device))      # each recorded collective timed the same way
 
 On a CPU the work is done when the Python call returns, so ``now`` is plain
 ``time.perf_counter()``. On a GPU a call only queues kernels, which run
@@ -30,3 +31,36 @@ def now(device=None) -> float:
     """``time.perf_counter()`` once ``device`` has finished its queued work."""
     sync(device)
     return time.perf_counter()
+
+
+class CallClock:
+    """A ``calls.record`` listener that times each blocking call on the device's clock.
+
+        clock = timing.CallClock(x.device)
+        with calls.record(clock) as log:
+            y = layer(x)                   # its all-reduces, recorded
+        clock.total(log.calls)             # their seconds, the device's
+
+    ``calls.record`` stamps a call when the host returns from it: on NCCL
+    that is when the collective was queued. Here the device is waited for as
+    the call starts (the work queued before it is not the call's) and as it
+    ends, so each span is the device's. Blocking calls only: an asynchronous
+    one ends on the backend's thread, where it is not timed.
+    """
+
+    def __init__(self, device=None):
+        self.device = device
+        self.seconds: dict[int, float] = {}   # call id -> seconds
+        self._started: dict[int, float] = {}
+
+    def __call__(self, event, call, tensor=None):
+        if call["async_op"]:
+            return
+        if event == "start":
+            self._started[call["id"]] = now(self.device)
+        elif event == "end" and call["id"] in self._started:
+            self.seconds[call["id"]] = now(self.device) - self._started.pop(call["id"])
+
+    def total(self, calls) -> float:
+        """Seconds of these calls (recorded dicts), each timed on the device."""
+        return sum(self.seconds[c["id"]] for c in calls)

@@ -7,11 +7,14 @@
   lessons' CPU-tensor collectives, a CUDA-only group ("cuda:gloo", what a
   plain "nccl" group is for CPU tensors) fails them; the graders pin gloo.
 - torchrun (ls.main) makes the same group, device_id included.
-- A rank waits for its GPU work inside the run's deadline, and results come
-  back with every tensor on the CPU, wherever it sits.
+- A rank waits for its GPU work inside the run's deadline (after an error
+  too, keeping the error), and results come back with every tensor on the
+  CPU, wherever it sits and whatever its class.
 - Timings go through labsupport.timing (a GPU's work, not the host's queueing):
-  ddp_probe and chapter 5's harness (zero-bubble's is its subclass); chapters 0,
-  4 and 6 call it in their cells.
+  ddp_probe, chapter 5's harness (zero-bubble's is its subclass), the
+  time-beside-bytes sweeps (collectives timed by timing.CallClock); no measuring
+  module reads time.perf_counter itself but where listed, with the reason;
+  chapters 0, 4 and 6 call it in their cells.
 - Threads per rank follow the container's CPU quota and $LABSUPPORT_CPUS.
 - NCCL's environment in every rank and in the process server.
 - make test-gpu skips in one line here; its sanitizer masks GPU-only outputs.
@@ -104,6 +107,54 @@ def test_the_graders_pin_gloo_whatever_group_the_chapter_runs(monkeypatch):
     ls.shutdown()
 
 
+def groups_the_graders_make():
+    """(file:line, backend) of every group a grader asks the launcher for
+    (``group_for``, ``session.start``, ``session.run``) in labsupport/grading."""
+    import ast
+    found = []
+    for path in sorted((ROOT / "labsupport" / "grading").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                    node.func.attr == "group_for" or (
+                        node.func.attr in ("start", "run") and
+                        getattr(node.func.value, "id", None) in ("session", "ls"))):
+                backend = next((k.value.value for k in node.keywords if k.arg == "backend"
+                                and isinstance(k.value, ast.Constant)), None)
+                found.append((f"{path.name}:{node.lineno}", backend))
+    return found
+
+
+def test_every_group_a_grader_makes_is_pinned_to_gloo():
+    made = groups_the_graders_make()
+    assert any(where.startswith("diagnosis.py") for where, _ in made)  # the scan sees them
+    assert [where for where, backend in made if backend != "gloo"] == []
+
+
+def backend_string_tests():
+    """Code lines of the chapters and assignment sources that read the backend
+    string (``dist.get_backend()``, a group's ``backend``) or compare with "gloo"
+    or "nccl" anything but ``ls.backend_of``'s answer."""
+    import nbformat
+    found = []
+    compares = re.compile(r"""[!=]=\s*["'](gloo|nccl)["']|["'](gloo|nccl)["']\s*[!=]=""")
+    for path in sorted((ROOT / "notebooks").rglob("*.ipynb")):
+        if ".ipynb_checkpoints" in path.parts:
+            continue
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            for line in cell.source.splitlines() if cell.cell_type == "code" else []:
+                if "get_backend" in line or re.search(r"\.backend\s*[!=]=", line) or (
+                        compares.search(line) and "backend_of" not in line):
+                    found.append(f"{path.relative_to(ROOT)} cell {i}: {line.strip()}")
+    return found
+
+
+def test_no_chapter_asks_the_backend_string_what_a_group_does():
+    """On GPUs the string is "cpu:gloo,cuda:nccl": a test of it is silently
+    skipped. ``ls.backend_of(x.device)``, asked in the run, says what that
+    run's group does with x's tensors."""
+    assert backend_string_tests() == []
+
+
 # -- torchrun: the same group as ls.start ---------------------------------------------
 
 def test_ls_main_makes_the_group_ls_start_makes_device_id_included(monkeypatch):
@@ -156,6 +207,36 @@ def test_a_rank_waits_for_its_gpu_inside_the_deadline_and_says_so():
     ls.shutdown()
 
 
+def gpu_work_then_an_error(gpu):
+    """The function raises with GPU work queued, which then fails or never ends."""
+    from labsupport.launch import rank_main as this_rank
+    torch.cuda.is_initialized = lambda: True
+
+    def synchronize(*args):
+        if gpu == "fails":
+            raise RuntimeError("CUDA error: device-side assert triggered")
+        time.sleep(60)
+    torch.cuda.synchronize = synchronize
+    this_rank.AFTER_ERROR_WAIT = 0.5
+    raise ValueError("the function's own error")
+
+
+def test_a_rank_whose_function_raised_still_waits_for_its_gpu_and_keeps_the_error():
+    group = ls.start(world_size=2, backend="gloo")
+    with pytest.raises(ls.RankError) as info:
+        group.run(gpu_work_then_an_error, "fails")
+    assert "the function's own error" in str(info.value)
+    assert "failed too: RuntimeError: CUDA error: device-side assert triggered" in str(info.value)
+    started = time.monotonic()
+    with pytest.raises(ls.RankError) as info:  # the function's error, not the deadline's
+        group.run(gpu_work_then_an_error, "never ends", timeout=60)
+    assert not isinstance(info.value, ls.RankTimeout) and time.monotonic() - started < 30
+    assert "the function's own error" in str(info.value)
+    assert "had not completed 0.5 s after the error" in str(info.value)
+    assert group.run(lambda: 1) == [1, 1]
+    ls.shutdown()
+
+
 @dataclasses.dataclass
 class Result:
     loss: torch.Tensor
@@ -163,6 +244,14 @@ class Result:
 
 
 class Plain:
+    pass
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass with an attribute of its own."""
+
+
+class TaggedParameter(torch.nn.Parameter):
     pass
 
 
@@ -176,13 +265,46 @@ def test_every_tensor_of_a_result_goes_back_on_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "cpu", recording_cpu)
     layer, plain, loss = torch.nn.Linear(2, 3), Plain(), torch.ones(2, requires_grad=True) * 2
     plain.state = torch.zeros(4)
-    value = {"result": Result(loss, 3), "model": layer, "object": plain}
+    tagged = (torch.arange(3.0, requires_grad=True) * 2).as_subclass(Tagged)
+    tagged.tag = "mine"
+    param = TaggedParameter(torch.ones(2))
+    value = {"result": Result(loss, 3), "model": layer, "object": plain,
+             "subclass": tagged, "parameter": param}
     back = pickle.loads(rank_main._dump_result(value))
-    for tensor in (loss, layer.weight, layer.bias, plain.state):
+    for tensor in (loss, layer.weight, layer.bias, plain.state, tagged, param):
         assert tensor.data_ptr() in moved
     assert back["result"].steps == 3 and back["result"].loss.grad_fn is None
     assert isinstance(back["model"].weight, torch.nn.Parameter)
     torch.testing.assert_close(back["model"].weight, layer.weight)
+    assert type(back["subclass"]) is Tagged and back["subclass"].tag == "mine"
+    assert back["subclass"].requires_grad and back["subclass"].grad_fn is None
+    assert back["subclass"].as_subclass(torch.Tensor).tolist() == [0.0, 2.0, 4.0]
+    assert type(back["parameter"]) is TaggedParameter and back["parameter"].requires_grad
+
+
+def a_dtensor_result():
+    """A DTensor as a rank returns it, its local shard moved through ``.cpu()``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    shards = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
+    moved, cpu = [], torch.Tensor.cpu
+    torch.Tensor.cpu = lambda t, *a, **k: moved.append(t.data_ptr()) or cpu(t, *a, **k)
+    try:
+        data = rank_main._dump_result(shards)
+    finally:
+        torch.Tensor.cpu = cpu
+    return data, shards.to_local().data_ptr() in moved
+
+
+def test_a_dtensor_result_keeps_its_placements_its_shard_on_the_cpu():
+    from torch.distributed.tensor import DTensor, Shard
+    for rank, (data, shard_moved) in enumerate(
+            ls.run(a_dtensor_result, world_size=2, backend="gloo")):
+        back = pickle.loads(data)
+        assert shard_moved and isinstance(back, DTensor) and back.placements == (Shard(0),)
+        assert back.shape == (4,) and back.to_local().tolist() == [2.0 * rank, 2.0 * rank + 1]
+    ls.shutdown()
 
 
 # -- timings: the device's work ----------------------------------------------------------
@@ -204,26 +326,102 @@ def timing_timeline(device):
 
 
 def probes_time_the_device():
-    """ddp_probe's steps and chapter 5's pipeline (zero-bubble's harness is its
-    subclass): the devices their clocks waited for."""
-    seen = []
-    sync = timing.sync
+    """Per probe, the devices its clock waited for: ddp_probe's steps, chapter 5's
+    pipeline (zero-bubble's harness is its subclass), and the time-beside-bytes
+    sweeps of chapters 4 (forward and g's all-reduce) and 5 (a stage's forward)."""
+    from labsupport.crossings import pipeline as pp_crossing, tensor_parallel as tp_crossing
+    seen, sync = [], timing.sync
     timing.sync = lambda device=None: seen.append(str(device)) or sync(device)
+
+    def devices(probe, *args, **kwargs):
+        seen.clear()
+        probe(*args, **kwargs)
+        return sorted(set(seen))
     try:
         x, y = models.toy_regression(8, 4, 2, seed=1)
-        ddp_probe.profile_steps(lambda: models.DeepMLP(4, 8, 2, 2, seed=0),
-                                ddp.DataParallelNaive, x, y, steps=1, warmup=0)
-        x, y = models.toy_regression(4, 8, 4, seed=1)
-        pipeline.run_step(pipeline.train_step_1f1b, x, y, 2, 1,
-                          dict(d_in=8, width=16, depth=3, d_out=4, seed=0))
+        x4, y4 = models.toy_regression(4, 8, 4, seed=1)
+        return {
+            "ddp_probe": devices(ddp_probe.profile_steps, lambda: models.DeepMLP(4, 8, 2, 2, seed=0),
+                                 ddp.DataParallelNaive, x, y, steps=1, warmup=0),
+            "pipeline": devices(pipeline.run_step, pipeline.train_step_1f1b, x4, y4, 2, 1,
+                                dict(d_in=8, width=16, depth=3, d_out=4, seed=0)),
+            "crossings.tensor_parallel": devices(tp_crossing._forward_times, 16, 1),
+            "crossings.pipeline": devices(pp_crossing._forward_and_send,
+                                          pp_crossing.stage(16, 1), torch.randn(8, 16))}
     finally:
         timing.sync = sync
-    return sorted(set(seen))
 
 
 def test_the_probes_and_harnesses_time_through_labsupport_timing():
-    assert ls.run(probes_time_the_device, world_size=2, backend="gloo") == [["cpu"]] * 2
+    every_rank = {"ddp_probe": ["cpu"], "pipeline": ["cpu"], "crossings.tensor_parallel": ["cpu"]}
+    assert ls.run(probes_time_the_device, world_size=2, backend="gloo") == [
+        dict(every_rank, **{"crossings.pipeline": ["cpu"]}),  # rank 0 times the stage,
+        dict(every_rank, **{"crossings.pipeline": []})]       # rank 1 sends it back
     ls.shutdown()
+
+
+def all_reduce_timed_by_the_call_clock():
+    """A recorded all-reduce on a CallClock: its span and the waits for the device."""
+    from labsupport import calls
+    seen, sync = [], timing.sync
+    timing.sync = lambda device=None: seen.append(str(device)) or sync(device)
+    try:
+        clock = timing.CallClock(torch.device("cpu"))
+        with calls.record(clock) as log:
+            dist.all_reduce(torch.ones(1 << 16))
+            dist.all_reduce(torch.ones(4), async_op=True).wait()  # not timed: async
+    finally:
+        timing.sync = sync
+    return clock.total(log.calls[:1]), len(clock.seconds), seen
+
+
+def test_the_call_clock_times_a_blocking_collective_on_the_device():
+    for seconds, timed, seen in ls.run(all_reduce_timed_by_the_call_clock, world_size=2,
+                                       backend="gloo"):
+        assert 0 < seconds < 10 and timed == 1 and seen == ["cpu", "cpu"]
+    ls.shutdown()
+
+
+# Where a module that measures may read time.perf_counter itself, and why; everywhere
+# else its clock is labsupport.timing's (a GPU's work, not the host's queueing of it).
+HOST_CLOCKS = {
+    "timing.now": "the clock itself, once the device is idle",
+    "calls._new": "a call's host-side stamps (NCCL's end when queued: calls.py says so); "
+                  "timing.CallClock times calls on the device",
+    "calls._ended": "the same",
+    "ddp_probe.GradReadyProbe.start": "the backward's segments, host-side by design: a wait "
+                                      "for the GPU in a gradient hook would undo the overlap",
+    "ddp_probe.GradReadyProbe._ready": "the same",
+    "ring_attention.ring_forward": "when a K/V transfer is posted (its span ends on the "
+                                   "timeline's device clock, record_since)",
+    "overlap.timed": "waits for the GPU itself (torch.cuda.synchronize)",
+    "sweep._timed": "each call it times waits for its device (sweep's run_once: timing.sync)",
+    "doctor.start_and_allreduce": "start-up time, and an all-reduce that waits for the GPU",
+}
+
+
+def perf_counter_readers():
+    """'module.function' of every direct time.perf_counter() in the measuring modules
+    (labsupport and its crossings; the launcher and the benches are not lessons')."""
+    import ast
+    found = set()
+
+    def visit(node, names):
+        for child in ast.iter_child_nodes(node):
+            inner = names + [child.name] if isinstance(
+                child, (ast.FunctionDef, ast.ClassDef)) else names
+            if isinstance(child, ast.Attribute) and child.attr == "perf_counter":
+                found.add(".".join(inner))
+            visit(child, inner)
+    for path in sorted((ROOT / "labsupport").rglob("*.py")):
+        parts = list(path.relative_to(ROOT / "labsupport").with_suffix("").parts)
+        if parts[0] not in ("launch", "bench"):
+            visit(ast.parse(path.read_text()), parts)
+    return found
+
+
+def test_no_measuring_module_reads_the_host_clock_but_where_listed():
+    assert perf_counter_readers() == set(HOST_CLOCKS)
 
 
 # -- threads per rank: the container's quota ------------------------------------------

@@ -5,26 +5,25 @@ across the tokens each dp rank runs.
     c = crossings.run("device_mesh", small=True)   # 4 gloo ranks
     c.measured, c.formula                          # tokens per dp rank
 
-Tensor parallelism divides both sides by t: a rank computes 1/t of the backward
-of its dp rank's T tokens and reduces 1/t of the gradients over the n = dp
+Tensor parallelism divides both sides by TP: a rank computes 1/TP of the
+backward of its dp rank's T tokens and reduces 1/TP of the gradients over the n = dp
 ranks of its column, so chapter 3's crossing T* = (n-1)/n · g/2 · C/W
 (``overlap.dp_min_tokens``) holds on the 2-D layout, with T counted per dp rank
 (per tp group), not per device. Measured from the recorded calls
-(``calls.record``), the median of ``repeats`` steps per size: the
-backward's compute (its wall time less its tp collectives) and the dp
+(``calls.record``, each call timed on the device's clock: ``timing.CallClock``),
+the median of ``repeats`` steps per size: the backward's compute (its wall time less its tp collectives) and the dp
 reduction (the chapter's ``mesh.average_grads``: one all-reduce per gradient
 tensor, so on gloo the latency α of each call counts), each the median rank's.
 The formula prices the same reduction with this machine's link (chapter 2's
 α-β model fitted to all-reduces on the dp group, ``sweep.measure``, timed
 between the sizes of the sweep so that they share its load) against
-the backward's FLOPs (2/3 of ``overlap.decoder_flops``, over t) at the FLOP/s
+the backward's FLOPs (2/3 of ``overlap.decoder_flops``, over TP) at the FLOP/s
 the backward reached at the largest size, and finds where the two meet
 (``overlap.crossing``).
 """
 import statistics
-import time
 
-from labsupport import calls, mesh, models, overlap
+from labsupport import calls, mesh, models, overlap, timing
 from labsupport import sweep as bandwidth_sweep
 from labsupport.crossings import Crossing
 
@@ -81,17 +80,18 @@ def _step_times(model, tp_group, dp_group, cfg, sequences, repeats):
         model.zero_grad()
         loss = model(ids, targets)
         dist.barrier()                       # both reductions start from a level field
-        with calls.record() as log:
-            start = time.perf_counter()
+        clock = timing.CallClock(ids.device)     # each call on the device's clock
+        with calls.record(clock) as log:
+            start = timing.now(ids.device)
             loss.backward()
-            backward = time.perf_counter() - start
+            backward = timing.now(ids.device) - start
             dist.barrier()
             mesh.average_grads(model, dp_group)
         if repeat:                           # the first is a warm-up
             tp = [c for c in log.calls if c["ranks"] == tp_ranks]
             dp = [c for c in log.calls if c["ranks"] != tp_ranks]
-            compute.append(backward - sum(c["end"] - c["start"] for c in tp))
-            comm.append(sum(c["end"] - c["start"] for c in dp))
+            compute.append(backward - clock.total(tp))
+            comm.append(clock.total(dp))
     return statistics.median(compute), statistics.median(comm)
 
 

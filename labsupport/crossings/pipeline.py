@@ -86,19 +86,19 @@ def measure(sizes, repeats, tokens, blocks) -> dict:
 
 def _forward_and_send(module, x):
     """Rank 0: the forward's seconds, then the message's (half the round trip)."""
-    import time
-
     import torch
     import torch.distributed as dist
+
+    from labsupport import timing
     dist.barrier()
     seconds = 0.0
     if dist.get_rank() == 0:
         with torch.no_grad():
             module(x)                  # untimed: wakes the thread pool after the barrier
-        start = time.perf_counter()
+        start = timing.now(x.device)   # the device's clock, not the host's enqueue
         with torch.no_grad():
             y = module(x)                                          # (T, h)
-        seconds = time.perf_counter() - start
+        seconds = timing.now(x.device) - start
     else:
         y = torch.empty_like(x)
     return seconds, ping_pong(y)[1]

@@ -13,16 +13,17 @@ all-gather and a reduce-scatter, sequence parallelism's pair, which move
 what one all-reduce moves). Measured from the recorded calls
 (``calls.record``), the median of ``repeats`` forwards per size: the
 forward's wall time less the all-reduce, and the all-reduce, each the
-median rank's. The formula prices the same all-reduce with this machine's
-link (chapter 2's α-β model fitted to all-reduces on the group,
-``sweep.measure``, timed between the sizes of the sweep so that they share
-its load) against the matmuls' FLOPs at the FLOP/s the forward reached at
-the largest size, and finds where the two meet (``overlap.crossing``).
+median rank's, both on the device's clock (``labsupport.timing``: on a GPU,
+its work done, not the host's enqueue). The formula prices the same
+all-reduce with this machine's link (chapter 2's α-β model fitted to
+all-reduces on the group, ``sweep.measure``, timed between the sizes of
+the sweep so that they share its load) against the matmuls' FLOPs at the
+FLOP/s the forward reached at the largest size, and finds where the two
+meet (``overlap.crossing``).
 """
 import statistics
-import time
 
-from labsupport import calls, overlap
+from labsupport import calls, overlap, timing
 from labsupport import sweep as bandwidth_sweep
 from labsupport.crossings import Crossing
 
@@ -82,12 +83,13 @@ def _forward_times(h, repeats):
     with torch.no_grad():
         for repeat in range(repeats + 1):
             dist.barrier()                   # every rank starts from a level field
-            with calls.record() as log:
-                start = time.perf_counter()
+            clock = timing.CallClock(x.device)   # g's all-reduce, the device's time
+            with calls.record(clock) as log:
+                start = timing.now(x.device)
                 fc2(F.gelu(fc1(enter_tp(x)), approximate="tanh"))
-                wall = time.perf_counter() - start
+                wall = timing.now(x.device) - start
             if repeat:                       # the first is a warm-up
-                reduce_s = sum(c["end"] - c["start"] for c in log.calls)
+                reduce_s = clock.total(log.calls)
                 compute.append(wall - reduce_s)
                 comm.append(reduce_s)
     return statistics.median(compute), statistics.median(comm)

@@ -25,7 +25,6 @@ pairs of forwards of the slowest rank's time without prefetch over its time
 with prefetch.
 """
 import statistics
-import time
 
 from labsupport import overlap
 from labsupport.crossings import Crossing, curves
@@ -77,13 +76,13 @@ def _recorded_forward(model, ids, targets):
     import torch.distributed as dist
 
     from labsupport import calls, timeline
-    tl = timeline.Timeline()
+    tl = timeline.Timeline(device=ids.device)   # the clock: the device's (labsupport.timing)
     handles = _time_blocks(model.module.blocks, tl)
     dist.barrier()
     with calls.record() as log:
-        start = time.perf_counter()
+        start = tl.now()
         model(ids, targets)
-        seconds = time.perf_counter() - start
+        seconds = tl.now() - start
     for h in handles:
         h.remove()
     unit = model.flats[0].data.numel() * model.flats[0].data.element_size()
@@ -100,10 +99,10 @@ def _time_blocks(blocks, tl) -> list:
     starts, handles = {}, []
     for i, block in enumerate(blocks):
         handles.append(block.register_forward_pre_hook(
-            lambda m, args: starts.__setitem__(m, time.perf_counter())))
+            lambda m, args: starts.__setitem__(m, tl.now())))
         handles.append(block.register_forward_hook(
             lambda m, args, out, i=i: tl.record("compute", f"block {i}", starts[m],
-                                                 time.perf_counter()), prepend=True))
+                                                 tl.now()), prepend=True))
     return handles
 
 

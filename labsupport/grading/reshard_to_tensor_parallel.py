@@ -85,9 +85,10 @@ def checkpoints() -> dict:
         atexit.register(shutil.rmtree, root, True)
         for n in SAVED_BY:
             path = os.path.join(root, f"saved-by-{n}")
-            session.group_for(n).run(resumable.train, RECIPE, path, 2, 2,
-                                     resumable.training_state,
-                                     resumable.restore_training_state)
+            # gloo even on GPUs, as every grader's group (grading.diagnosis.run)
+            session.group_for(n, backend="gloo").run(
+                resumable.train, RECIPE, path, 2, 2, resumable.training_state,
+                resumable.restore_training_state)
             _saved[n] = sc.latest_checkpoint(path)
     return _saved
 

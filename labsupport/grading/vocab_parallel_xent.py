@@ -7,8 +7,8 @@
     gx.check_no_gather(VocabParallelCrossEntropy)              # O(b s) bytes, not O(b s V)
 
 The student's ``cls`` is a ``torch.autograd.Function``: ``cls.apply(logits,
-targets, group)`` with ``logits`` (n, V/t), rank r's slice of the vocabulary
-(ids [r V/t, (r+1) V/t)), and ``targets`` (n,), the same on every rank;
+targets, group)`` with ``logits`` (n, V/TP), rank r's slice of the vocabulary
+(ids [r V/TP, (r+1) V/TP)), and ``targets`` (n,), the same on every rank;
 it returns the mean cross-entropy, the same on every rank. Megatron-LM's
 ``_VocabParallelCrossEntropy`` (Shoeybi et al. 2019, Section 3) is the
 model answer. Each check runs through ``labsupport.grading.run``, so a
@@ -107,7 +107,7 @@ def _assert_grad(got, want, rank, t, grad_scale):
                 "rank that owns the target subtracts the 1 there")
     elif minus_one:
         hint = ("1/n too little, as if this were the target's entry, but row "
-                f"{row}'s target is elsewhere (ids on rank r start at r*V/t): only the rank "
+                f"{row}'s target is elsewhere (ids on rank r start at r*V/TP): only the rank "
                 "that owns the target subtracts the 1")
     else:
         hint = ("away from the target, d loss / d logit = softmax / n, the softmax "
@@ -117,7 +117,7 @@ def _assert_grad(got, want, rank, t, grad_scale):
 
 
 def check_no_gather(cls, world_sizes=(4,), *, timeout=None):
-    """Each rank sends O(n) bytes (a few statistics per token), far below its n*V/t logits."""
+    """Each rank sends O(n) bytes (a few statistics per token), far below its n*V/TP logits."""
     for t, ranks in _runs(cls, world_sizes, 3.0, 1.0, timeout):
         for rank, r in enumerate(ranks):
             if r["wire"] > r["shard_bytes"] // 4:

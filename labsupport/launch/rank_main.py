@@ -8,12 +8,12 @@ SIGUSR1 (``faulthandler``), which is how the kernel learns where a stuck rank is
 """
 import ast
 import faulthandler
-import functools
 import io
 import os
 import pickle
 import signal
 import sys
+import threading
 import traceback
 from multiprocessing.connection import Connection
 
@@ -125,9 +125,13 @@ def _execute(kind: str, payload) -> bytes:
             value = fn(*args, **kwargs)
         else:
             value = _exec_cell(*payload)
+    except BaseException as exc:  # SystemExit too: a rank must not vanish mid-group
+        _settle_gpu_after(exc)
+        return pickle.dumps(("error", describe_exception(exc)))
+    try:
         _wait_for_gpu()
         return pickle.dumps(("ok", _dump_result(value)))
-    except BaseException as exc:  # SystemExit too: a rank must not vanish mid-group
+    except BaseException as exc:
         return pickle.dumps(("error", describe_exception(exc)))
 
 
@@ -154,37 +158,46 @@ def _wait_for_gpu():
         torch.cuda.synchronize()
 
 
-def _dump_result(value) -> bytes:
-    import io
+AFTER_ERROR_WAIT = 5.0  # s: how long a rank whose function raised waits for its GPU
 
+
+def _settle_gpu_after(exc: BaseException):
+    """After the function raised: wait for its queued GPU work too, so that it
+    runs (or fails) in this run, not in a later one; what went wrong there is
+    added to ``exc`` as a note. Waited for at most AFTER_ERROR_WAIT seconds in a
+    thread (synchronize cannot be interrupted): the reader gets the function's
+    error, not a deadline; a rank whose work is stuck then is replaced with the
+    group, as after any failure (``cluster._collect_or_abort``).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    failed = []
+
+    def wait():
+        try:
+            _wait_for_gpu()
+        except BaseException as gpu_exc:
+            failed.append(gpu_exc)
+    waiter = threading.Thread(target=wait, name="labsupport-gpu-wait", daemon=True)
+    waiter.start()
+    waiter.join(AFTER_ERROR_WAIT)
+    if waiter.is_alive():
+        exc.add_note(f"(labsupport: the GPU work this rank had queued had not completed "
+                     f"{AFTER_ERROR_WAIT:g} s after the error: an NCCL operation the other "
+                     f"ranks did not match, or a CUDA kernel that never ends)")
+    elif failed:
+        exc.add_note(f"(labsupport: waiting for this rank's queued GPU work afterwards "
+                     f"failed too: {type(failed[0]).__name__}: {failed[0]})")
+
+
+def _dump_result(value) -> bytes:
+    from labsupport.launch import cpu_pickle
     try:
-        out = io.BytesIO()
-        _cpu_pickler()(out).dump(value)
-        return out.getvalue()
+        return cpu_pickle.dumps(value)
     except Exception as exc:
         raise TypeError(f"the return value ({type(value).__name__}) cannot be sent back to "
                         f"the notebook: {exc}. Return tensors, numbers or plain containers.") from None
-
-
-@functools.cache
-def _cpu_pickler():
-    """A cloudpickle pickler that writes every tensor detached, on the CPU.
-
-    Wherever it sits (a list, a dataclass, a module's parameters, any object's
-    attributes), so that the kernel never opens a CUDA context to load it.
-    """
-    import cloudpickle
-    import torch
-
-    class CPUPickler(cloudpickle.Pickler):
-        def reducer_override(self, obj):
-            if type(obj) is torch.Tensor:
-                return obj.detach().cpu().__reduce_ex__(2)
-            if type(obj) is torch.nn.Parameter:
-                moved = torch.nn.Parameter(obj.detach().cpu(), obj.requires_grad)
-                return moved.__reduce_ex__(2)
-            return super().reducer_override(obj)
-    return CPUPickler
 
 
 def describe_exception(exc: BaseException) -> dict:
