@@ -16,17 +16,21 @@ H, E = cp.HEADS * cp.HEAD_DIM, 4
 
 
 def _run(compute, transfer, wait=0.0):
-    return [dict(lane="compute", start=0.0, end=compute),
-            dict(lane="comm", start=compute, end=compute + transfer + wait)]
+    """One rank's forward without overlap on 2 ranks: step 0's compute and wait,
+    step 1's compute."""
+    return [dict(lane="compute", start=0.0, end=compute, step=0),
+            dict(lane="comm", start=compute, end=compute + transfer + wait, step=0),
+            dict(lane="compute", start=compute + transfer + wait,
+                 end=2 * compute + transfer + wait, step=1)]
 
 
-def _rows(link_beta=BETA, late=0.0):
+def _rows(link_beta=BETA, late=0.0, wait=1e-3):
     """Two ranks' rows: rank 1 waits 1 ms longer for each transfer (it came first)
     and leaves each barrier ``late`` seconds after rank 0; each rank's CPU is busy
     for 80% of a forward without overlap. The link's exchanges take
     ALPHA + S/link_beta."""
     by_rank = []
-    for rank, wait in enumerate((0.0, 1e-3)):
+    for rank, extra in enumerate((0.0, wait)):
         rows = []
         for c in SIZES:
             compute, transfer = 4 * c * c * H / FLOPS, ALPHA + 2 * c * H * E / BETA
@@ -35,7 +39,7 @@ def _rows(link_beta=BETA, late=0.0):
             rows.append(dict(start={o: [start] * 3 for o in (False, True)},
                              end={False: [late + off] * 3, True: [late + on] * 3},
                              cpu={False: [0.8 * off] * 3, True: [0.8 * off] * 3},
-                             events={o: [_run(compute, transfer, wait)] * 3
+                             events={o: [_run(compute, transfer, extra)] * 3
                                      for o in (False, True)}))
         by_rank.append(dict(rows=rows, link=[ALPHA + s / link_beta for s in cp.LINK_BYTES]))
     return by_rank
@@ -52,8 +56,13 @@ def test_the_curves_crossing_and_speedups_from_given_timelines():
     assert c.formula == pytest.approx(c.measured, rel=0.3)  # exact curves, log interpolation
     large = c.extra["large_block"]                         # the first block past the crossing
     assert large == min(s for s in SIZES if s > c.measured)
-    # perfect overlap: every measured speed-up is its bound, (2a + b) / (a + max(a, b))
-    assert c.extra["speedup"] == [pytest.approx(b) for b in c.extra["bound"]]
+    # perfect overlap: every measured speed-up is (2a + b) / (a + max(a, b)); rank 1's
+    # wait, 1 ms longer (a late peer), could hide more: its pair's bound is higher
+    for a, b, up, most in zip(c.compute, c.comm, c.extra["speedup"], c.extra["bound"]):
+        assert up == pytest.approx(cp.bound(a, b)) and most >= up
+    same = cp.summarise(SIZES, _rows(wait=0.0))                # both ranks wait alike
+    assert same.extra["bound"] == [pytest.approx(cp.bound(a, b))
+                                   for a, b in zip(same.compute, same.comm)]
     assert c.extra["overlap_speedup_large_block"] == c.extra["speedup"][SIZES.index(large)]
     assert c.extra["cpu_bound"] == [pytest.approx(1 / 0.8)] * len(SIZES)
     assert c.extra["speedup_range"] == [(pytest.approx(s), pytest.approx(s))

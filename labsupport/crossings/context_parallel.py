@@ -33,7 +33,11 @@ The speed-up's bound: N steps of compute a and N-1 transfers b take
 N·a + (N-1)·b without overlap and at best a + (N-1)·max(a, b) with it
 (the last step has nothing left to send), so no overlap can beat
 (N·a + (N-1)·b) / (a + (N-1)·max(a, b)), largest where a = b:
-(2N-1)/N, x1.5 on 2 ranks. ``bound`` gives it for each size's measured a, b.
+(2N-1)/N, x1.5 on 2 ranks. ``extra["bound"]`` evaluates it for each pair of
+forwards from that pair's own times (``_pair_bound``): the forward without
+overlap less what overlap could hide, so that a forward slowed by a stall
+in its transfer, or by a late peer, is weighed with its own bound; the
+median over the pairs.
 On CPU ranks the transfer is itself CPU work (gloo's threads copy the bytes
 through loopback TCP) on the cores that compute, so overlap can only save
 the time a rank's CPU sat idle: ``cpu_bound`` is the forward without
@@ -46,7 +50,7 @@ from labsupport import overlap
 from labsupport import sweep as bandwidth_sweep
 from labsupport.crossings import Crossing, curves
 
-SIZES = {False: [32, 64, 128, 256, 512], True: [32, 64, 128, 256]}
+SIZES = {False: [32, 64, 128, 256], True: [32, 64, 128]}   # c; larger: seconds a sweep
 REPEATS = {False: 7, True: 4}
 HEADS, HEAD_DIM, WORLD_SIZE = 32, 64, 2     # h = 2,048: milliseconds at the crossing
 ELEMENT = 4                                 # float32
@@ -134,6 +138,22 @@ def bound(a, b, n=WORLD_SIZE) -> float:
     return (n * a + (n - 1) * b) / (a + (n - 1) * max(a, b))
 
 
+def _pair_bound(seconds, runs):
+    """``bound`` for one forward without overlap, from its own times: it took
+    ``seconds`` (the slowest rank's); a rank's overlap can hide at most, at
+    each step but the last, the shorter of that step's compute and its wait
+    (a wait that may also hold a late peer), so the forward takes at least
+    ``seconds`` less the most any rank ("runs": each rank's events) could
+    hide. Equal to ``bound(a, b)`` when each rank took n·a + (n-1)·b."""
+    def span(run, lane, step):
+        return sum(e["end"] - e["start"] for e in run
+                   if e["lane"] == lane and e.get("step") == step)
+    hidden = max(sum(min(span(run, "compute", s), span(run, "comm", s))
+                     for s in {e["step"] for e in run if e["lane"] == "comm"})
+                 for run in runs)
+    return seconds / (seconds - hidden)
+
+
 def summarise(sizes, by_rank) -> Crossing:
     """The two measured curves, their crossing, the formula's, the speed-ups."""
     def transfers(runs):  # one run's time waiting for k/v blocks
@@ -150,6 +170,9 @@ def summarise(sizes, by_rank) -> Crossing:
                               for s, c in zip(slowest, cpu)]
     ratios = [[a / b for a, b in zip(s[False], s[True])] for s in slowest]
     out.extra["speedup_range"] = [(min(r), max(r)) for r in ratios]   # over the pairs
+    out.extra["bound"] = [statistics.median(
+        _pair_bound(t, [r["rows"][i]["events"][False][k] for r in by_rank])
+        for k, t in enumerate(s[False])) for i, s in enumerate(slowest)]
     return out
 
 
@@ -173,7 +196,7 @@ def _crossing(sizes, compute, comm, speedup, events, link_seconds) -> Crossing:
                    model=dict(compute=[compute_s(c) for c in sizes],
                               comm=[comm_s(c) for c in sizes]),
                    bandwidth_only=overlap.cp_min_block(here, act_bytes=e),
-                   speedup=speedup, bound=[bound(a, b) for a, b in zip(compute, comm)],
+                   speedup=speedup,
                    large_block=large,
                    overlap_speedup_large_block=speedup[sizes.index(large)] if large else None,
                    events=events))
