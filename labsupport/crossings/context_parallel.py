@@ -6,7 +6,6 @@
     c.measured, c.formula                    # where they cross: measured, α-β formula
     c.extra["speedup"], c.extra["bound"]     # ring forward without / with overlap, by
                                              # size, and the most overlap can give there
-    c.extra["cpu_bound"]                     # the most it can give on these CPU cores
     c.extra["speedup_range"]                 # (least, most) over the pairs of forwards
     c.extra["large_block"]                   # the first block past the measured crossing
     c.extra["overlap_speedup_large_block"]   # its speed-up (None: no block past it)
@@ -38,11 +37,6 @@ forwards from that pair's own times (``_pair_bound``): the forward without
 overlap less what overlap could hide, so that a forward slowed by a stall
 in its transfer, or by a late peer, is weighed with its own bound; the
 median over the pairs.
-On CPU ranks the transfer is itself CPU work (gloo's threads copy the bytes
-through loopback TCP) on the cores that compute, so overlap can only save
-the time a rank's CPU sat idle: ``cpu_bound`` is the forward without
-overlap over its CPU time (process time, gloo's threads included; the
-slowest rank's, medians over the runs), as two ranks share two cores.
 """
 import statistics
 
@@ -80,7 +74,7 @@ def measure(sizes, repeats) -> dict:
     blocks = [[torch.randn(1, HEADS, c, HEAD_DIM, device=ls.device()) for _ in range(3)]
               for c in sizes]
     rows = [dict(start={False: [], True: []}, end={False: [], True: []},
-                 cpu={False: [], True: []}, events={False: [], True: []}) for _ in sizes]
+                 events={False: [], True: []}) for _ in sizes]
     link = []
     for r in range(repeats):
         for row, qkv in zip(rows, blocks):
@@ -88,7 +82,7 @@ def measure(sizes, repeats) -> dict:
             # buffers (the allocator's page faults), which would favour the second.
             _timed_forward(qkv, False)
             for on in ((False, True) if r % 2 == 0 else (True, False)):
-                for key, value in zip(("start", "end", "cpu", "events"),
+                for key, value in zip(("start", "end", "events"),
                                       _timed_forward(qkv, on)):
                     row[key][on].append(value)
         link.append([t for t, _, _ in bandwidth_sweep.measure(
@@ -98,17 +92,15 @@ def measure(sizes, repeats) -> dict:
 
 def _timed_forward(qkv, overlap_on):
     """One ring forward after a barrier: its start and end (the ranks' shared
-    clock), this process's CPU seconds, and its timeline's events."""
-    import time
-
+    clock), and its timeline's events."""
     import torch.distributed as dist
 
     from labsupport import ring_attention, timeline
     tl = timeline.Timeline(dist.get_rank(), qkv[0].device)
     dist.barrier()
-    start, cpu = tl.now(), time.process_time()
+    start = tl.now()
     ring_attention.ring_forward(*qkv, overlap=overlap_on, tl=tl)
-    return start, tl.now(), time.process_time() - cpu, tl.events
+    return start, tl.now(), tl.events
 
 
 def _spans(events, lane):
@@ -164,10 +156,6 @@ def summarise(sizes, by_rank) -> Crossing:
     out = _crossing(sizes, compute, comm, speedup, events, by_rank[0]["link"])
     slowest = [{on: list(map(max, zip(*(r[i]["seconds"][on] for r in per_rank))))
                 for on in (False, True)} for i in range(len(sizes))]
-    cpu = [list(map(max, zip(*(r["rows"][i]["cpu"][False] for r in by_rank))))
-           for i in range(len(sizes))]
-    out.extra["cpu_bound"] = [statistics.median(s[False]) / statistics.median(c)
-                              for s, c in zip(slowest, cpu)]
     ratios = [[a / b for a, b in zip(s[False], s[True])] for s in slowest]
     out.extra["speedup_range"] = [(min(r), max(r)) for r in ratios]   # over the pairs
     out.extra["bound"] = [statistics.median(
