@@ -47,3 +47,49 @@ def test_the_ring_benchmark_needs_two_ranks():
 def test_an_unknown_benchmark_lists_the_known_ones():
     out = _bench("nosuch", timeout=60)
     assert out.returncode != 0 and "launcher" in out.stderr and "pipeline" in out.stderr
+
+
+# -- python -m labsupport.bench overlap -------------------------------------------------
+
+OVERLAP_LAST = (rf"crossing_measured_over_formula_max=({NUMBER}|none) "
+                rf"ring_attn_overlap_speedup_large_block=({NUMBER}|none)")
+
+
+def test_the_overlap_benchmark_ends_with_both_keys_and_fails_on_a_missing_value():
+    """Chapters 4 and 6's small sweeps (the full run is the benchmark's): the last
+    line carries both keys; a value a sweep could not give reads `none` and the
+    script then exits non-zero, saying which."""
+    out = _bench("overlap", "--chapters", "4", "6", timeout=600)
+    last = out.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(OVERLAP_LAST, last), out.stdout[-2000:] + out.stderr[-2000:]
+    assert "(bound x" in out.stdout                       # each speed-up beside its bound
+    assert (out.returncode != 0) == ("none" in last), out.stderr[-2000:]
+    assert out.returncode == 0 or "not measured" in out.stderr
+
+
+def _fake_crossing(technique, measured, large_block):
+    from labsupport.crossings import Crossing
+    extra = dict(speedup=[1.0, 1.2], bound=[1.3, 1.4], large_block=large_block,
+                 overlap_speedup_large_block=1.2 if large_block else None)
+    return Crossing(technique, "size", [1, 2], [1.0, 2.0], [2.0, 1.0], measured, 1.0, extra)
+
+
+@pytest.mark.parametrize("measured, large, last, fails", [
+    (1.5, 2, "crossing_measured_over_formula_max=1.500 ring_attn_overlap_speedup_large_block=1.200",
+     False),
+    (None, 2, "crossing_measured_over_formula_max=none ring_attn_overlap_speedup_large_block=1.200",
+     True),
+    (0.5, None, "crossing_measured_over_formula_max=2.000 ring_attn_overlap_speedup_large_block=none",
+     True)])
+def test_a_missing_crossing_or_large_block_is_printed_and_is_an_error(
+        monkeypatch, capsys, measured, large, last, fails):
+    from labsupport import crossings
+    from labsupport.bench import overlap
+    monkeypatch.setattr(crossings, "run", lambda technique, small: _fake_crossing(
+        technique, measured, large))
+    if fails:
+        with pytest.raises(SystemExit, match="not measured"):
+            overlap.main(["--chapters", "6"])
+    else:
+        overlap.main(["--chapters", "6"])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == last

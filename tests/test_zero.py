@@ -413,9 +413,10 @@ def test_the_zero3_sweep_runs_small_and_gives_its_crossings():
     from labsupport.crossings import Crossing, run
     from labsupport.crossings import zero3 as sweep_module
     c = run("zero3", small=True)
-    assert isinstance(c, Crossing) and c.sizes == [16, 128, 1024]
+    assert isinstance(c, Crossing) and c.sizes == sweep_module.SIZES[True] == [16, 128, 512]
     assert all(t > 0 for t in c.compute + c.comm) and c.formula > 0
-    assert len(c.extra["speedup"]) == 3 and set(c.extra["events"][16]) == {False, True}
+    assert len(c.extra["speedup"]) == len(c.extra["bound"]) == 3
+    assert set(c.extra["events"][16]) == {False, True}
     assert {e["lane"] for e in c.extra["events"][16][True]} == {"compute", "comm"}
     with pytest.raises(ValueError, match="multiples of 16"):
         sweep_module.sweep(sizes=[10])

@@ -1,17 +1,22 @@
 """Time beside bytes, every chapter: measured crossing over the formula's, and overlap.
 
-    python -m labsupport.bench overlap [--default-sizes]
+    python -m labsupport.bench overlap [--default-sizes] [--chapters 4 6]
 
 Runs each technique's sweep of ``labsupport.crossings`` (small sizes unless
-``--default-sizes``) and prints, per chapter, the size where the measured
-compute and communication times cross beside the formula's crossing for
-this machine's measured FLOP/s and link. The last line is machine-readable:
+``--default-sizes``; every chapter unless ``--chapters``) and prints, per
+chapter, the size where the measured compute and communication times cross
+beside the formula's crossing for this machine's measured FLOP/s and link,
+and for chapter 6 the ring's overlap speed-up at each block length beside
+the most overlap could give there. The last line is machine-readable:
 ``crossing_measured_over_formula_max`` is the worst ratio over chapters,
 max(r, 1/r) (goal: within 2x), and ``ring_attn_overlap_speedup_large_block``
-the overlapped ring attention's speed-up at a block past its crossing
-(goal > 1.1), from chapter 6's sweep.
+the overlapped ring attention's speed-up at the first block past its
+crossing (goal > 1.1), from chapter 6's sweep. A value that a sweep could
+not give (no crossing in it, no block past it) is printed as ``none``, and
+the script then exits with status 1, saying which.
 """
 import argparse
+import sys
 
 from labsupport import crossings
 
@@ -20,28 +25,57 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m labsupport.bench overlap")
     parser.add_argument("--default-sizes", action="store_true",
                         help="the chapters' own sizes instead of the small ones")
+    parser.add_argument("--chapters", type=int, nargs="+", metavar="N",
+                        default=sorted(crossings.TECHNIQUES),
+                        help="chapters to run (default: every one with a sweep)")
     args = parser.parse_args(argv)
-    if not crossings.TECHNIQUES:
-        raise SystemExit("no technique has a sweep yet (labsupport.crossings.TECHNIQUES)")
-    worst, speedup = 1.0, None
-    for chapter, technique in crossings.TECHNIQUES.items():
+    unknown = set(args.chapters) - set(crossings.TECHNIQUES)
+    if unknown:
+        parser.error(f"no sweep for chapter(s) {sorted(unknown)}: "
+                     f"choose among {sorted(crossings.TECHNIQUES)}")
+    ratios, missing, speedup = [], [], None
+    for chapter in args.chapters:
+        technique = crossings.TECHNIQUES[chapter]
         c = crossings.run(technique, small=not args.default_sizes)
-        ratio = c.ratio
-        shown = f"{ratio:.2f}" if ratio else "n/a (no crossing in the sweep)"
         print(f"chapter {chapter} {technique}: {c.size_label} measured "
-              f"{_fmt(c.measured)}, formula {_fmt(c.formula)}, ratio {shown}")
-        if ratio is None:
-            raise SystemExit(f"{technique}: the sweep did not bracket its crossing: widen it")
-        worst = max(worst, ratio, 1 / ratio)
-        speedup = c.extra.get("overlap_speedup_large_block", speedup)
-    line = f"crossing_measured_over_formula_max={worst:.3f}"
-    if speedup is not None:
-        line += f" ring_attn_overlap_speedup_large_block={speedup:.3f}"
-    print(line)
+              f"{_fmt(c.measured)}, formula {_fmt(c.formula)}, ratio {_fmt(c.ratio)}",
+              flush=True)
+        ratios.append(c.ratio and max(c.ratio, 1 / c.ratio))
+        if c.ratio is None:
+            missing.append(f"chapter {chapter} {technique}: the sweep did not bracket "
+                           "its crossing (widen its sizes)")
+        if technique == "context_parallel":
+            speedup = _ring_overlap(c)
+            if speedup is None:
+                missing.append("chapter 6: no block past the crossing, so no "
+                               "ring_attn_overlap_speedup_large_block")
+    worst = None if None in ratios else max(ratios)   # the worst is unknown if one is
+    line = f"crossing_measured_over_formula_max={_fmt(worst, 3)}"
+    if 6 in args.chapters:
+        line += f" ring_attn_overlap_speedup_large_block={_fmt(speedup, 3)}"
+    print(line, flush=True)
+    if missing:
+        sys.exit("not measured: " + "; ".join(missing))
 
 
-def _fmt(x):
-    return "none" if x is None else f"{x:.4g}"
+def _ring_overlap(c):
+    """Print each block's speed-up beside its bound; the large block's speed-up."""
+    x = c.extra
+    for size, up, most in zip(c.sizes, x["speedup"], x["bound"]):
+        print(f"  c={size:>5}: overlap speed-up x{up:.2f} (bound x{most:.2f})")
+    large = x["large_block"]
+    if large is None:
+        return None
+    most = x["bound"][c.sizes.index(large)]
+    print(f"  large block (first past the crossing): c={large}, "
+          f"x{x['overlap_speedup_large_block']:.2f}, bound x{most:.2f}")
+    return x["overlap_speedup_large_block"]
+
+
+def _fmt(x, digits=None):
+    if x is None:
+        return "none"
+    return f"{x:.{digits}f}" if digits else f"{x:.4g}"
 
 
 if __name__ == "__main__":

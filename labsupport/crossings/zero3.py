@@ -14,25 +14,34 @@ next unit's P parameters, (N-1)/N·P·e bytes: from T* = (N-1)/N · e/2 · C/W
 tokens per rank on (``overlap.zero3_min_tokens``; Ultra-Scale Playbook A3).
 
 Each size is measured on the shared decoder (fp32, every block a unit), the
-forwards without and with prefetch alternating, the sizes taking turns. Without prefetch the
+forwards without and with prefetch taking turns, first one then the other
+in alternate repeats, after an untimed forward of the same size (the first
+forward after another size pays for its new buffers, which would favour
+whichever came second); the sizes take turns too. Without prefetch the
 recorded timeline gives each block's forward (hooks around it, after its
 all-gather) and each block's all-gather (``calls.record``, call to return;
 of the two ranks, the one that arrived last, whose time is the transfer's
-alone), neither hiding the other. C is the blocks' own FLOP/s at the three
-largest sizes (``overlap.decoder_flops`` of one layer), W the all-gather's
-bytes per rank over its median time; the speed-up is the median over the
-pairs of forwards of the slowest rank's time without prefetch over its time
-with prefetch.
+alone), neither hiding the other. The formula's crossing is an independent
+prediction: C is the blocks' own FLOP/s at the three largest sizes
+(``overlap.decoder_flops`` of one layer), and the all-gather's α and β are
+fitted to ``sweep``'s all-gathers of LINK_BYTES on the same ranks, timed
+between the repeats: a block's forward T·F/C meets α + S/β, S the block's
+bytes. The speed-up is the median over the pairs of forwards of the
+slowest rank's time without prefetch over its time with prefetch; at best
+prefetch hides, per block, the shorter of its forward and its all-gather
+(``bound``).
 """
 import statistics
 
 from labsupport import overlap
+from labsupport import sweep as bandwidth_sweep
 from labsupport.crossings import Crossing, curves
 
-SIZES = {False: [16, 32, 64, 128, 256, 512, 1024], True: [16, 128, 1024]}
+SIZES = {False: [16, 32, 64, 128, 256, 512], True: [16, 128, 512]}
 REPEATS = {False: 7, True: 3}
-SHAPE = dict(vocab_size=64, seq_len=16, hidden=192, heads=4, layers=4)
+SHAPE = dict(vocab_size=64, seq_len=16, hidden=512, heads=4, layers=4)
 WORLD_SIZE = 2
+LINK_BYTES = [1 << k for k in range(16, 25, 2)]        # 64 KiB .. 16 MiB (a block: 12.6 MB)
 
 
 def sweep(small: bool = False, sizes=None, repeats=None) -> Crossing:
@@ -47,10 +56,11 @@ def sweep(small: bool = False, sizes=None, repeats=None) -> Crossing:
     return summarise(sizes, by_rank, SHAPE, WORLD_SIZE)
 
 
-def measure(sizes, repeats, shape) -> list:
+def measure(sizes, repeats, shape) -> dict:
     """On a rank, for each size: the seconds of each forward without and with
-    prefetch, and the events of the last pair (block forwards, all-gathers).
-    The sizes take turns in each repeat, so that a burst of load on a shared
+    prefetch, and the events of each (block forwards, all-gathers); and the
+    link's all-gather times (seconds by LINK_BYTES) after each repeat. The
+    sizes take turns in each repeat, so that a burst of load on a shared
     machine falls on all of them rather than on one."""
     from labsupport import models, zero
     cfg = models.GPTConfig(**shape)
@@ -60,15 +70,17 @@ def measure(sizes, repeats, shape) -> list:
             for t in sizes]
     rows = [dict(seconds={False: [], True: []}, events={False: [], True: []},
                  block_params=wrapped[False].flats[0].numel) for _ in sizes]
-    for model in wrapped.values():                      # warm-up, not kept
-        _recorded_forward(model, *data[-1])
-    for _ in range(repeats):
+    link = []
+    for r in range(repeats):
         for row, (ids, targets) in zip(rows, data):
-            for on, model in wrapped.items():
-                seconds, events = _recorded_forward(model, ids, targets)
+            _recorded_forward(wrapped[r % 2 == 1], ids, targets)   # untimed
+            for on in ((False, True) if r % 2 == 0 else (True, False)):
+                seconds, events = _recorded_forward(wrapped[on], ids, targets)
                 row["seconds"][on].append(seconds)
                 row["events"][on].append(events)
-    return rows
+        link.append([t for t, _, _ in bandwidth_sweep.measure(
+            {"ag": "all_gather"}, LINK_BYTES, 1, 3)["ag"]])
+    return dict(rows=rows, link=[statistics.median(col) for col in zip(*link)])
 
 
 def _recorded_forward(model, ids, targets):
@@ -106,22 +118,37 @@ def _time_blocks(blocks, tl) -> list:
     return handles
 
 
+def bound(a, b, blocks=SHAPE["layers"]) -> float:
+    """The most prefetch can speed up a forward of ``blocks`` units of compute
+    a and all-gather b each: blocks·(a + b) without; with it, the first
+    gather, then each block's max(a, b), the last block's compute alone."""
+    return blocks * (a + b) / (b + (blocks - 1) * max(a, b) + a)
+
+
 def summarise(sizes, by_rank, shape, world_size) -> Crossing:
     """The two measured curves, their crossing, the formula's, the speed-ups."""
     def gathers(runs):  # each block's all-gather, in every run
         return [e["end"] - e["start"] for run in runs for e in run if e.get("block")]
 
-    compute, comm, speedup, events = curves(sizes, by_rank, gathers)
-    params = by_rank[0][0]["block_params"]
+    compute, comm, speedup, events = curves(sizes, [r["rows"] for r in by_rank], gathers)
+    params = by_rank[0]["rows"][0]["block_params"]
     h, s, f = shape["hidden"], shape["seq_len"], 4 * shape["hidden"]
-    flops = [overlap.decoder_flops(t, s, 1, h, 0, f, backward=False) for t in sizes]
-    own = statistics.median(n / c for n, c in list(zip(flops, compute))[-3:])
-    w = overlap.ring(world_size) * params * 4 / statistics.median(comm)
+    per_token = overlap.decoder_flops(1, s, 1, h, 0, f, backward=False)
+    own = statistics.median(t * per_token / c for t, c in list(zip(sizes, compute))[-3:])
+    link = overlap.Link(*bandwidth_sweep.fit_alpha_beta(LINK_BYTES, by_rank[0]["link"]))
+    compute_s = lambda t: t * per_token / own               # noqa: E731
+    gather_s = link.seconds(params * 4)                     # S: the gathered block
+    w = link.beta * overlap.ring(world_size)                # W: bytes each rank sends, per s
     here = overlap.Hardware("this machine", own, w, w, world_size, "measured")
     return Crossing(
         technique="zero3", size_label="tokens per rank T", sizes=list(sizes),
         compute=compute, comm=comm,
         measured=overlap.measured_crossing(sizes, compute, comm),
-        formula=overlap.zero3_min_tokens(here, world_size, param_bytes=4),
-        extra=dict(flops_per_s=own, bytes_per_s=w, block_params=params,
-                   speedup=speedup, events=events))
+        formula=overlap.crossing(compute_s, lambda t: gather_s, 1e-3, 1e9),
+        extra=dict(flops_per_s=own, alpha=link.alpha, beta=link.beta, bytes_per_s=w,
+                   block_params=params, gather_s=gather_s,
+                   bandwidth_only=overlap.zero3_min_tokens(here, world_size, param_bytes=4),
+                   model=dict(compute=[compute_s(t) for t in sizes],
+                              comm=[gather_s] * len(sizes)),
+                   speedup=speedup, bound=[bound(a, b) for a, b in zip(compute, comm)],
+                   events=events))
