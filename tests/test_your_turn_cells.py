@@ -12,6 +12,7 @@ with names consistently renamed and comments, strings and layout ignored
 assignments). Bodies shorter than ``MIN_TOKENS`` tokens are too short to tell.
 """
 import ast
+import re
 
 import nbformat
 import pytest
@@ -75,6 +76,22 @@ def test_each_your_turn_cell_holds_a_stub_that_raises_not_written(path):
         f"{path.name}: " + "; ".join(found) + ". A your-turn cell holds what the reader "
         "writes, each function's body `raise ls.NotWritten(\"<name>\")`; the solution goes "
         "in the collapsed cell tagged solution.")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_each_your_turn_check_says_not_written_in_the_stored_outputs(path):
+    """The stored outputs (a real run) show the check of each stub saying so,
+    which a run with the solution pasted into the stub would not."""
+    cells = nbformat.read(path, as_version=4).cells
+    said = "".join(o.get("text", "") for c in cells if c.cell_type == "code"
+                   for o in c.outputs if o.get("output_type") == "stream")
+    # A check stops at the first stub it meets: one of the cell's names is enough.
+    silent = [f"cell {i}: {' or '.join(names)}" for i, c in enumerate(cells)
+              if tagged(c, "your-turn")
+              for names in [re.findall(r'NotWritten\(\s*"(\w+)"', c.source)]
+              if not any(f"{name} is not written yet" in said for name in names)]
+    assert not silent, (f"{path.name}: no stored check output says these are not written "
+                        f"yet: {'; '.join(silent)}. Re-execute the chapter with the stubs.")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
