@@ -28,7 +28,7 @@ from labsupport.crossings import Crossing
 WORLD_SIZE, EXPERTS, TOP_K, HIDDEN = 2, 4, 2, 64
 ACT_BYTES = 4                                          # fp32 rows on the wire
 SIZES = {False: dict(ffns=[16, 32, 64, 128, 256, 512], tokens=1024, runs=5),
-         True: dict(ffns=[16, 64, 256, 512], tokens=512, runs=2)}
+         True: dict(ffns=[16, 64, 256, 1024], tokens=512, runs=3)}
 
 
 def sweep(small=False) -> Crossing:
