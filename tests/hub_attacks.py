@@ -228,15 +228,28 @@ for what, path in t["folders"].items():
 for what, url in t["urls"].items():
     attempt(f"reach {{what}}", lambda url=url: get(url))
 marker = t["marker_reversed"][::-1]  # not in this cell's source, which the kernel keeps
-def find_marker():
+import stat, time
+def software(folder, name):  # a virtual environment or JS packages: the course's code, no secret
+    return name == "node_modules" or os.path.exists(os.path.join(folder, name, "pyvenv.cfg"))
+def find_marker():  # every regular file of a notebook's or a gradebook's size, within 20 s
+    started, seen = time.monotonic(), 0
     for top in (".", "..", "/tmp", "/var/tmp", "/dev/shm", os.path.expanduser("~")):
-        for folder, _, files in os.walk(top):
+        for folder, folders, files in os.walk(top):
+            folders[:] = [f for f in folders if not software(folder, f)]
             for name in files:
+                path = os.path.join(folder, name)
                 try:
-                    if marker.encode() in readable(os.path.join(folder, name)):
-                        return os.path.join(folder, name)
+                    info = os.stat(path)
+                    if not stat.S_ISREG(info.st_mode) or info.st_size > 16 << 20:
+                        continue
+                    seen += 1
+                    if marker.encode() in readable(path):
+                        return path
                 except OSError:
                     pass
+                if time.monotonic() - started > 20:
+                    raise TimeoutError(f"the search read {{seen}} files in 20 s without finishing "
+                                       f"(now in {{folder}}): make it skip what holds no secret")
     raise PermissionError("not found")
 attempt("find the hidden test's text in any file within reach", find_marker)
 through_git(t["git"])
