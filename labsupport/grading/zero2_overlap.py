@@ -15,7 +15,8 @@ grading deadline with an AssertionError saying where each rank was stuck.
 The calls are those of ``labsupport.calls``; the gradient memory is a tally
 of live storages (``memory.PeakTally``): every ``.grad`` autograd makes and
 everything the student's hooks and ``finish()`` allocate, counted until it
-is freed, so a buffer that only a collective's work still holds counts.
+is freed, so a buffer that only a collective's work still holds counts; of
+the steps' backward peaks the lowest is judged (``_train``).
 ZeRO: Rajbhandari et al. 2020 (arXiv 1910.02054), §5.2 (P_g: "we use a
 bucketization strategy ... reduce-scatter").
 """
@@ -88,7 +89,10 @@ def _train(cls, bucket_numel, steps) -> dict:
     zero = cls(model, bucket_numel, **ADAMW)
     for p in params:
         p.register_post_accumulate_grad_hook(grads.after_hook)
-    backward_peak = 0
+    # The lowest step's peak: what the code keeps, it keeps every step; a finished work's
+    # buffer that gloo's worker thread lets go of a moment after wait() returned (it needs
+    # the GIL to free it) inflates one step now and then, not all of them.
+    backward_peaks = []
     with calls.record() as log:
         for step in range(steps):
             start = len(log.calls)                # the last step's calls are returned
@@ -97,7 +101,7 @@ def _train(cls, bucket_numel, steps) -> dict:
             grads.restart_peak()
             with grads.tally:
                 loss.backward()
-            backward_peak = max(backward_peak, grads.restart_peak())
+            backward_peaks.append(grads.restart_peak())
             with grads.tally:
                 grads.tally.counting = True       # what finish() keeps is gradient data
                 zero.finish()
@@ -107,7 +111,7 @@ def _train(cls, bucket_numel, steps) -> dict:
     buckets = [dict(numel=b.numel, padded=b.data.numel(), shard=b.shard_numel)
                for b in zero.buckets]
     return dict(params=[p.detach().clone() for p in params], calls=log.calls[start:],
-                peak_grad_bytes=backward_peak, most_grads=grads.most_grads, after=after,
+                peak_grad_bytes=min(backward_peaks), most_grads=grads.most_grads, after=after,
                 buckets=buckets, max_param_bytes=max(p.numel() for p in params) * 8)
 
 
