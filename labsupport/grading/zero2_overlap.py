@@ -16,10 +16,13 @@ The calls are those of ``labsupport.calls``; the gradient memory is a tally
 of live storages (``memory.PeakTally``): every ``.grad`` autograd makes and
 everything the student's hooks and ``finish()`` allocate, counted until it
 is freed, so a buffer that only a collective's work still holds counts; of
-the steps' backward peaks the lowest is judged (``_train``).
+the steps' backward peaks the lowest is judged, and of what each step's
+``finish()`` left, read SETTLE_S after it returned, the least (``_train``).
 ZeRO: Rajbhandari et al. 2020 (arXiv 1910.02054), §5.2 (P_g: "we use a
 bucketization strategy ... reduce-scatter").
 """
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -31,6 +34,7 @@ STEPS, BATCH = 3, 8
 ADAMW = dict(lr=1e-2, weight_decay=0.1)
 TOL = dict(rtol=1e-9, atol=1e-9)  # fp64: another order of additions, magnified by Adam
 IN_FLIGHT = 2  # buckets whose full gradient may be alive at once: one reduced, one filling
+SETTLE_S = 0.05  # s after finish(): for gloo's worker thread to free a finished work's tensors
 
 
 def new_model():
@@ -89,10 +93,10 @@ def _train(cls, bucket_numel, steps) -> dict:
     zero = cls(model, bucket_numel, **ADAMW)
     for p in params:
         p.register_post_accumulate_grad_hook(grads.after_hook)
-    # The lowest step's peak: what the code keeps, it keeps every step; a finished work's
-    # buffer that gloo's worker thread lets go of a moment after wait() returned (it needs
-    # the GIL to free it) inflates one step now and then, not all of them.
-    backward_peaks = []
+    # The lowest step's peak, and the least left after finish(): what the code keeps, it
+    # keeps every step; a finished work's buffer that gloo's worker thread lets go of a
+    # moment after wait() returned (it needs the GIL to free it) inflates a step now and then.
+    backward_peaks, left = [], []
     with calls.record() as log:
         for step in range(steps):
             start = len(log.calls)                # the last step's calls are returned
@@ -106,7 +110,9 @@ def _train(cls, bucket_numel, steps) -> dict:
                 grads.tally.counting = True       # what finish() keeps is gradient data
                 zero.finish()
                 grads.tally.counting = False
-            after = _after_finish(zero, params, grads.tally.live)
+            time.sleep(SETTLE_S)                  # GIL released: gloo's thread lets go
+            left.append(grads.tally.live)
+            after = _after_finish(zero, params, min(left))
             zero.step()
     buckets = [dict(numel=b.numel, padded=b.data.numel(), shard=b.shard_numel)
                for b in zero.buckets]
