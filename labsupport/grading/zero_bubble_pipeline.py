@@ -147,44 +147,50 @@ def check_memory(schedule, cases=CASES, *, timeout=None):
                 "only as late as that bound allows.")
 
 
-def check_idle_fraction(schedule, cases=CASES, *, share=SHARE, unit=UNIT, runs=2,
+def check_idle_fraction(schedule, cases=CASES, *, share=SHARE, unit=UNIT, runs=4,
                         timeout=None) -> list[dict]:
     """The recorded idle fraction shows at least ``share`` of ZB-H1's saving over 1F1B.
 
     Both schedules run on the ranks with every F, B and W taking ``unit``
     seconds (1F1B's fused backward 2), so the measurement is the schedule's,
     not the machine's load; the limit is 1F1B's measured fraction minus
-    ``share`` of its distance to ZB-H1's ideal one. Returns the numbers.
+    ``share`` of its distance to ZB-H1's ideal one. Each is the least disturbed
+    (shortest window) of its runs so far: up to ``runs`` rounds of one run of
+    each, in turn, stopping at the first round that passes (on a loaded
+    machine, e.g. a shared hub or CI, one round can miss the limit for a right
+    schedule). Returns the numbers.
     """
     rows = []
     for p, m in cases:
         ideal_events(schedule, p, m)  # complete, no deadlock: else say so, without a run
-        ours = _idle(schedule, p, m, unit, runs, timeout)
-        ref = _idle(pipeline.train_step_1f1b, p, m, unit, runs, timeout)
         ideal = (p - 1) / zb_h1_units(p, m)  # every rank computes 3m of the 3m + p - 1 units
-        limit = ref - share * (ref - ideal)
+        best = {}
+        for _ in range(runs):
+            for name, fn in (("ours", schedule), ("ref", pipeline.train_step_1f1b)):
+                bubble = _bubble(fn, p, m, unit, timeout)
+                if name not in best or bubble["window"] < best[name]["window"]:
+                    best[name] = bubble
+            ours, ref = best["ours"]["fraction"], best["ref"]["fraction"]
+            limit = ref - share * (ref - ideal)
+            if ours <= limit:
+                break
         rows.append(dict(p=p, m=m, measured=ours, one_f_one_b=ref, zb_h1_ideal=ideal,
                          limit=limit))
         if ours > limit:
             raise AssertionError(
                 f"{_name(schedule)} left the ranks idle {ours:.1%} of the step on p={p} ranks "
-                f"with m={m} (recorded timeline, each F, B and W {unit * 1e3:g} ms); 1F1B, "
-                f"measured the same way, {ref:.1%}; ZB-H1 on an ideal machine {ideal:.1%}. "
-                f"The check wants at most {limit:.1%}: at least {share:.0%} of ZB-H1's "
-                "saving. Is every B run as soon as its gradient is there, and every W in "
-                "time the rank would otherwise wait?")
+                f"with m={m} (recorded timeline, each F, B and W {unit * 1e3:g} ms, the least "
+                f"disturbed of {runs} runs); 1F1B, measured the same way, {ref:.1%}; ZB-H1 on "
+                f"an ideal machine {ideal:.1%}. The check wants at most {limit:.1%}: at least "
+                f"{share:.0%} of ZB-H1's saving. Is every B run as soon as its gradient is "
+                "there, and every W in time the rank would otherwise wait?")
     return rows
 
 
-def _idle(schedule, p, m, unit, runs, timeout) -> float:
-    """The idle fraction of the least disturbed of ``runs`` runs (shortest window)."""
-    best = None
-    for _ in range(runs):
-        out = _run(_name(schedule), schedule, None, p, m, unit, timeout)
-        bubble = timeline.bubble(timeline.merge([o["events"] for o in out]))
-        if best is None or bubble["window"] < best["window"]:
-            best = bubble
-    return best["fraction"]
+def _bubble(schedule, p, m, unit, timeout) -> dict:
+    """One run's idle time: timeline.bubble of the merged ranks' events."""
+    out = _run(_name(schedule), schedule, None, p, m, unit, timeout)
+    return timeline.bubble(timeline.merge([o["events"] for o in out]))
 
 
 # -- running, comparing ---------------------------------------------------------------
