@@ -18,7 +18,7 @@ import os
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
-# The whole suite runs point-to-point by NCCL's rules (labsupport.strict_p2p),
+# The whole suite runs point-to-point by NCCL's rules (labsupport.launch.strict_p2p),
 # so that code which would hang on GPUs hangs here; set once, it reaches the
 # ranks, the notebooks' kernels, the graders and the benchmarks' own ranks.
 # And on gloo even on a GPU node (labsupport.launch.placement); `make

@@ -9,6 +9,7 @@ the book's offline plotly renderer.
 """
 import sys
 
+from labsupport import _aliases
 from labsupport.launch.cluster import Cluster
 from labsupport.launch.errors import RankError, RankTimeout
 from labsupport.launch.identity import backend_of, device
@@ -21,19 +22,21 @@ __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "backend_of", "c
 
 # Submodules a chapter reaches as ``ls.<name>``, imported on first use so that
 # ``import labsupport`` stays light (it does not import torch by itself).
-_SUBMODULES = {"bench", "bubbles", "calls", "checkpointing", "crossings",
-               "ddp", "ddp_probe", "diagrams", "doctor", "elastic", "grading", "memory",
-               "memory_calc", "mesh", "models", "moe", "overlap", "pipeline", "pipeline_sim",
-               "planner", "plots", "profiling", "resumable", "ring", "ring_attention",
-               "sharded_checkpoint", "sharded_optimizer", "strict_p2p", "sweep",
-               "tensor_parallel", "timeline", "timing", "tp_gpt", "tp_probe", "traffic",
-               "your_turn", "zero"}
+_SUBMODULES = {
+    # one folder per chapter topic (lesson, probe, crossing, checks, bench)
+    "memory", "collectives", "ring", "data_parallel", "tensor_parallel", "pipeline",
+    "context_parallel", "zero", "device_mesh", "expert_parallel", "checkpoints",
+    # instruments used by many chapters, and the rest
+    "bench", "calls", "crossings", "diagrams", "doctor", "grading", "models", "overlap",
+    "p2p_log", "plots", "sweep", "timeline", "timing", "traffic", "your_turn"}
 
 
 def __getattr__(name):
+    import importlib
     if name in _SUBMODULES:
-        import importlib
         return importlib.import_module(f"labsupport.{name}")
+    if f"labsupport.{name}" in _aliases.OLD_PATHS:          # an old path, for one term
+        return _aliases.resolve(f"labsupport.{name}")
     raise AttributeError(f"module 'labsupport' has no attribute {name!r}")
 
 
@@ -52,4 +55,5 @@ def _setup_kernel():
         load_ipython_extension(ip)
 
 
+_aliases.install()
 _setup_kernel()

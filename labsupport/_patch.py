@@ -5,7 +5,7 @@ A function such as ``all_reduce`` is reached as ``dist.all_reduce`` and as
 use); both names are replaced. ``patched`` restores each to what it was
 before, so blocks nest (a byte count inside a call log, say); ``install``
 replaces for the life of the process (a rank's ``LABSUPPORT_P2P=strict``
-mode, ``labsupport.strict_p2p``), under every later block.
+mode, ``labsupport.launch.strict_p2p``), under every later block.
 """
 import contextlib
 

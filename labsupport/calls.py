@@ -61,7 +61,7 @@ _installed = {"depth": 0}
 class Log:
     """The calls of one ``record()`` block. ``listener`` (optional) is told of each
     call as it starts, is waited for, ends or is dropped unwaited, and (strict
-    mode, ``labsupport.strict_p2p``) when an isend/irecv has completed, waited for
+    mode, ``labsupport.launch.strict_p2p``) when an isend/irecv has completed, waited for
     or not: ``listener(event, call, tensor)`` with event "start", "wait", "end",
     "dropped" or "done"."""
 

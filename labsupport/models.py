@@ -136,7 +136,7 @@ class MLP(nn.Module):
 class DecoderBlock(nn.Module):
     """Pre-LayerNorm block: x + drop(attn(ln1(x))), then x + drop(mlp(ln2(x))).
 
-    The MLP is ``labsupport.moe.MoE`` in the blocks ``cfg.is_moe(layer)`` names.
+    The MLP is ``labsupport.expert_parallel.moe.MoE`` in the blocks ``cfg.is_moe(layer)`` names.
     """
 
     def __init__(self, cfg: GPTConfig, layer: int = 0):
@@ -153,7 +153,7 @@ class DecoderBlock(nn.Module):
 def _mlp(cfg: GPTConfig, layer: int) -> nn.Module:
     if not cfg.is_moe(layer):
         return MLP(cfg)
-    from labsupport.moe import MoE
+    from labsupport.expert_parallel.moe import MoE
     return MoE(cfg.hidden, cfg.ffn_hidden, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity)
 
 

@@ -12,7 +12,7 @@ the kernel can still say which message a stopped rank was waiting for,
 "rank 1 waited for rank 0's chunk 2" (``labsupport.grading.deadlock``). The
 calls are those of ``labsupport.calls``, the one recorder of a rank's calls
 to torch.distributed; this module is its listener that writes them down.
-Under ``LABSUPPORT_P2P=strict`` (``labsupport.strict_p2p``) each operation's
+Under ``LABSUPPORT_P2P=strict`` (``labsupport.launch.strict_p2p``) each operation's
 completion is written too ("done"), so the kernel can tell which earlier
 operation a stopped rank's call was queued behind.
 """
@@ -24,7 +24,8 @@ import time
 
 import torch.distributed as dist
 
-from labsupport import calls, strict_p2p
+from labsupport import calls
+from labsupport.launch import strict_p2p
 from labsupport.calls import COLLECTIVES, P2P  # noqa: F401 (what grading.deadlock names)
 
 

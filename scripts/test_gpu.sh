@@ -9,7 +9,7 @@
 #
 # LABSUPPORT_BACKEND=auto picks NCCL wherever a group has a GPU per rank (the
 # suite's own default is gloo); LABSUPPORT_P2P is empty: NCCL itself, not
-# gloo's imitation of it (labsupport.strict_p2p).
+# gloo's imitation of it (labsupport.launch.strict_p2p).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python

@@ -4,10 +4,10 @@ tests/test_grading_padded_expert_dispatch.py.
 The reference is the source notebook's (tests/sources.py), and the wrong
 answers that differ from it in one thing are written there as edits of it;
 these two are other designs altogether. Each has assignment 7's signature
-and uses only torch and labsupport.moe (``variable_splits`` only the names
+and uses only torch and labsupport.expert_parallel.moe (``variable_splits`` only the names
 the assignment's import cell gives, so that the nbgrader test can paste its
 source into a submission as ``padded_moe``). In their own module, which
-imports only torch and labsupport.moe: the ranks import it to unpickle each
+imports only torch and labsupport.expert_parallel.moe: the ranks import it to unpickle each
 function.
 """
 import torch
@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed._functional_collectives import (
     all_gather_single_autograd, reduce_scatter_single_autograd)
 
-from labsupport import moe
+from labsupport.expert_parallel import moe
 
 
 def variable_splits(x, router, experts, top_k, capacity_factor, group=None):

@@ -5,13 +5,13 @@ wrong answer differs from a right one in one thing; the reference is the source
 notebook's (tests/sources.py). ``zigzag_positions`` is the right layout, which
 the wrong rings use.
 
-In their own module, which imports only torch and labsupport.ring_attention:
+In their own module, which imports only torch and labsupport.context_parallel.ring_attention:
 the ranks import it to unpickle each function.
 """
 import torch
 import torch.distributed as dist
 
-from labsupport.ring_attention import block_attention, lse_merge
+from labsupport.context_parallel.ring_attention import block_attention, lse_merge
 
 
 def zigzag_positions(seq_len, rank, world_size):

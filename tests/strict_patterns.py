@@ -9,7 +9,8 @@ LABSUPPORT_P2P=strict catches it.
 import torch
 import torch.distributed as dist
 
-from labsupport import models, pipeline
+from labsupport import models
+from labsupport.pipeline import pipeline
 
 # -- chapter 5 before: every receive posted first (tagged irecv), sends by isend ------
 

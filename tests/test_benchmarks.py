@@ -83,10 +83,9 @@ def _fake_crossing(technique, measured, large_block):
      True)])
 def test_a_missing_crossing_or_large_block_is_printed_and_is_an_error(
         monkeypatch, capsys, measured, large, last, fails):
-    from labsupport import crossings
     from labsupport.bench import overlap
-    monkeypatch.setattr(crossings, "run", lambda technique, small: _fake_crossing(
-        technique, measured, large))
+    monkeypatch.setattr(overlap.SWEEPS[6], "sweep", lambda small: _fake_crossing(
+        "context_parallel", measured, large))
     if fails:
         with pytest.raises(SystemExit, match="not measured"):
             overlap.main(["--chapters", "6"])

@@ -1,4 +1,4 @@
-"""labsupport.grading.chapters.checkpoints, behind chapter 10's your-turn cells: the
+"""labsupport.checkpoints.checks, behind chapter 10's your-turn cells: the
 chapter's read plan passes, plausible wrong ones fail with a message that names the
 mistake; a resumed run that differs is told which field and why."""
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import labsupport as ls
-from labsupport.grading.chapters import checkpoints as checks
+from labsupport.checkpoints import checks
 
 from nbtools import notebook_definitions
 

@@ -1,4 +1,4 @@
-"""labsupport.grading.chapters.collectives, behind chapter 1's your-turn cells.
+"""labsupport.collectives.checks, behind chapter 1's your-turn cells.
 
 Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_chapter_collectives.py
 
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport.grading.chapters import collectives as checks
+from labsupport.collectives import checks
 from nbtools import ROOT, notebook_definitions
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

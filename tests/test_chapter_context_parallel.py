@@ -1,5 +1,5 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_chapter_context_parallel.py
-"""labsupport.grading.chapters.context_parallel, behind chapter 6's your-turn cells:
+"""labsupport.context_parallel.checks, behind chapter 6's your-turn cells:
 the reference solutions pass, plausible wrong answers fail with a message that
 names the mistake, and an unwritten stub is reported as not written."""
 import sys
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import labsupport as ls
-from labsupport import ring_attention as ra
-from labsupport.grading.chapters import context_parallel as checks
+from labsupport.context_parallel import ring_attention as ra
+from labsupport.context_parallel import checks
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

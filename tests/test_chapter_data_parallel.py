@@ -1,4 +1,4 @@
-"""labsupport.grading.chapters.data_parallel, behind chapter 3's your-turn cells.
+"""labsupport.data_parallel.checks, behind chapter 3's your-turn cells.
 
 Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_chapter_data_parallel.py
 
@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport import ddp
-from labsupport.grading.chapters import data_parallel as checks
+from labsupport.data_parallel import ddp
+from labsupport.data_parallel import checks
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -1,5 +1,5 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_chapter_device_mesh.py
-"""labsupport.grading.chapters.device_mesh, behind chapter 8's your-turn cells:
+"""labsupport.device_mesh.checks, behind chapter 8's your-turn cells:
 the reference solutions pass, plausible wrong answers fail with a message that
 names the mistake, and an unwritten stub is reported as not written."""
 import sys
@@ -9,8 +9,8 @@ import pytest
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport import mesh
-from labsupport.grading.chapters import device_mesh as checks
+from labsupport.device_mesh import mesh
+from labsupport.device_mesh import checks
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

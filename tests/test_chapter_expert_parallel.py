@@ -1,6 +1,6 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_chapter_expert_parallel.py
-"""labsupport.grading.chapters.expert_parallel, behind chapter 9's your-turn cells:
-the chapter's solutions (labsupport.moe's copies) pass, plausible wrong answers fail
+"""labsupport.expert_parallel.checks, behind chapter 9's your-turn cells:
+the chapter's solutions (labsupport.expert_parallel.moe's copies) pass, plausible wrong answers fail
 with a message that names the mistake, an unwritten stub is reported as not written."""
 import sys
 
@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport import moe
-from labsupport.grading.chapters import expert_parallel as checks
+from labsupport.expert_parallel import moe
+from labsupport.expert_parallel import checks
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

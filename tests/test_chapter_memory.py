@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from labsupport.grading.chapters import memory as grading_memory
+from labsupport.memory import checks as grading_memory
 from labsupport.your_turn import NotWritten, check
 
 

@@ -1,4 +1,4 @@
-"""labsupport.grading.chapters.pipeline, behind chapter 5's your-turn cells.
+"""labsupport.pipeline.checks, behind chapter 5's your-turn cells.
 
 Run: .venv/bin/python -m pytest tests/test_chapter_pipeline.py   (one process)
 
@@ -11,8 +11,10 @@ mistake; an untouched stub is "not written yet".
 import pytest
 
 import labsupport as ls
-from labsupport import pipeline, pipeline_sim, timeline
-from labsupport.grading.chapters import pipeline as checks
+from labsupport import timeline
+from labsupport.pipeline import pipeline
+from labsupport.pipeline import sim as pipeline_sim
+from labsupport.pipeline import checks
 
 
 def stub(*args):

@@ -1,4 +1,4 @@
-"""labsupport.grading.chapters.ring, behind chapter 2's your-turn cells.
+"""labsupport.ring.checks, behind chapter 2's your-turn cells.
 
 Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_chapter_ring.py
 
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport.grading.chapters import ring as checks
+from labsupport.ring import checks
 from nbtools import ROOT, notebook_definitions
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

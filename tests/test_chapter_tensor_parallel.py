@@ -1,5 +1,5 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_chapter_tensor_parallel.py
-"""labsupport.grading.chapters.tensor_parallel's check behind chapter 4's SP your-turn.
+"""labsupport.tensor_parallel.checks's check behind chapter 4's SP your-turn.
 
 On 2 and 4 ranks: the chapter's own ``ShardSavingLinear`` (read from its
 solution cell) passes; a layer that saves the gathered input, one that keeps
@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 import labsupport as ls
-from labsupport import tensor_parallel as tp
-from labsupport.grading.chapters import tensor_parallel as checks
+from labsupport.tensor_parallel import tensor_parallel as tp
+from labsupport.tensor_parallel import checks
 from nbtools import ROOT, notebook_definitions
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -1,4 +1,4 @@
-"""labsupport.grading.chapters.zero, behind chapter 7's your-turn cells: right and wrong answers.
+"""labsupport.zero.checks, behind chapter 7's your-turn cells: right and wrong answers.
 
 Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_chapter_zero.py
 
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport.grading.chapters import zero as checks
+from labsupport.zero import checks
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

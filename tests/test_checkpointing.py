@@ -1,10 +1,12 @@
 # Run: .venv/bin/python -m pytest tests/test_checkpointing.py
-"""labsupport.checkpointing: the memory chapter's checkpointed forward, and its notebook copy."""
+"""labsupport.memory.checkpointing: the memory chapter's checkpointed forward, and its notebook copy."""
 
 import pytest
 import torch
 
-from labsupport import checkpointing, memory, models
+from labsupport import models
+from labsupport.memory import checkpointing
+from labsupport.memory import tally as memory
 from nbtools import assert_lesson_copy
 
 

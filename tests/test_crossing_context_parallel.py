@@ -1,5 +1,5 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_crossing_context_parallel.py
-"""labsupport.crossings.context_parallel, chapter 6's time beside bytes: the two
+"""labsupport.context_parallel.crossing, chapter 6's time beside bytes: the two
 curves, the crossing, the formula's from an independent link, the speed-ups
 and their bound read from given timelines (exact), then the small sweep on 2
 ranks (its shape; no speed asserted: the speed-up is the benchmark's,
@@ -7,8 +7,9 @@ ranks (its shape; no speed asserted: the speed-up is the benchmark's,
 import pytest
 
 import labsupport as ls
-from labsupport import crossings
-from labsupport.crossings import context_parallel as cp
+from labsupport.context_parallel import crossing
+from labsupport.bench import overlap as overlap_bench
+from labsupport.context_parallel import crossing as cp
 
 SIZES = [16, 64, 256, 1024]
 FLOPS, ALPHA, BETA = 1e10, 1e-4, 1e9
@@ -91,9 +92,9 @@ def test_bad_sizes_are_refused():
 
 
 def test_the_small_sweep_on_two_ranks():
-    assert crossings.TECHNIQUES[6] == "context_parallel"
+    assert overlap_bench.SWEEPS[6] is crossing
     try:
-        c = crossings.run("context_parallel", small=True)
+        c = crossing.sweep(small=True)
     finally:
         ls.shutdown()
     assert c.sizes == cp.SIZES[True] and len(c.compute) == len(c.comm) == len(c.sizes)

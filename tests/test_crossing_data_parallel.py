@@ -1,12 +1,14 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_crossing_data_parallel.py
-"""labsupport.crossings.data_parallel, chapter 3's time beside bytes: the crossing found
+"""labsupport.data_parallel.crossing, chapter 3's time beside bytes: the crossing found
 from given times (exact), then the small sweep on 2 ranks (its shape; no speed asserted:
 the ratio is the benchmark's, ``python -m labsupport.bench overlap``)."""
 import pytest
 
 import labsupport as ls
-from labsupport import crossings, overlap
-from labsupport.crossings import data_parallel
+from labsupport import overlap
+from labsupport.data_parallel import crossing
+from labsupport.bench import overlap as overlap_bench
+from labsupport.data_parallel import crossing as data_parallel
 
 TOKENS = [4, 32, 256, 2048]
 
@@ -44,9 +46,9 @@ def test_bad_sizes_are_refused():
 
 
 def test_the_small_sweep_on_two_ranks():
-    assert crossings.TECHNIQUES[3] == "data_parallel"
+    assert overlap_bench.SWEEPS[3] is crossing
     try:
-        c = crossings.run("data_parallel", small=True)
+        c = crossing.sweep(small=True)
     finally:
         ls.shutdown()
     assert c.sizes == data_parallel.SIZES[True]

@@ -1,12 +1,14 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_crossing_device_mesh.py
-"""labsupport.crossings.device_mesh, chapter 8's time beside bytes: the crossing found from
+"""labsupport.device_mesh.crossing, chapter 8's time beside bytes: the crossing found from
 given times (exact), then the small sweep on 4 ranks (its shape; no speed asserted: the
 ratio is the benchmark's, ``python -m labsupport.bench overlap``)."""
 import pytest
 
 import labsupport as ls
-from labsupport import crossings, overlap
-from labsupport.crossings import device_mesh
+from labsupport import overlap
+from labsupport.device_mesh import crossing
+from labsupport.bench import overlap as overlap_bench
+from labsupport.device_mesh import crossing as device_mesh
 
 TOKENS = [64, 256, 1024, 4096]
 
@@ -34,9 +36,9 @@ def test_no_crossing_when_the_backward_never_catches_up():
 
 
 def test_the_small_sweep_on_four_ranks():
-    assert crossings.TECHNIQUES[8] == "device_mesh"
+    assert overlap_bench.SWEEPS[8] is crossing
     try:
-        c = crossings.run("device_mesh", small=True)
+        c = crossing.sweep(small=True)
     finally:
         ls.shutdown()
     assert c.sizes == device_mesh.sweep_sizes(small=True) == sorted(c.sizes)

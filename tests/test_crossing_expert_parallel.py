@@ -1,12 +1,14 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_crossing_expert_parallel.py
-"""labsupport.crossings.expert_parallel, chapter 9's time beside bytes: the crossing
+"""labsupport.expert_parallel.crossing, chapter 9's time beside bytes: the crossing
 found from given times (exact), then the small sweep on 2 ranks (its shape; no speed
 asserted: the ratio is the benchmark's, ``python -m labsupport.bench overlap``)."""
 import pytest
 
 import labsupport as ls
-from labsupport import crossings, overlap
-from labsupport.crossings import expert_parallel as ep
+from labsupport import overlap
+from labsupport.expert_parallel import crossing
+from labsupport.bench import overlap as overlap_bench
+from labsupport.expert_parallel import crossing as ep
 
 FFNS, TOKENS = [16, 64, 256, 1024], 512
 
@@ -25,9 +27,9 @@ def test_the_formula_meets_the_experts_where_the_all_to_alls_take_as_long():
 
 
 def test_the_small_sweep_on_two_ranks():
-    assert crossings.TECHNIQUES[9] == "expert_parallel"
+    assert overlap_bench.SWEEPS[9] is crossing
     try:
-        c = crossings.run("expert_parallel", small=True)
+        c = crossing.sweep(small=True)
     finally:
         ls.shutdown()
     assert c.sizes == ep.SIZES[True]["ffns"] and len(c.compute) == len(c.comm) == len(c.sizes)

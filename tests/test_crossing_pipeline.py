@@ -1,13 +1,15 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_crossing_pipeline.py
-"""labsupport.crossings.pipeline, chapter 5's time beside bytes: the crossing found from
+"""labsupport.pipeline.crossing, chapter 5's time beside bytes: the crossing found from
 given times (exact), the ping-pong's calls under NCCL's rules, then the small sweep on 2
 ranks (its shape; the ratio is the benchmark's, ``python -m labsupport.bench overlap``)."""
 import pytest
 import torch
 
 import labsupport as ls
-from labsupport import crossings, overlap
-from labsupport.crossings import pipeline
+from labsupport import overlap
+from labsupport.pipeline import crossing
+from labsupport.bench import overlap as overlap_bench
+from labsupport.pipeline import crossing as pipeline
 
 HIDDEN = [32, 256, 1024, 4096]
 
@@ -46,9 +48,9 @@ def test_one_message_each_way_in_its_own_batch():
 
 
 def test_the_small_sweep_on_two_ranks():
-    assert crossings.TECHNIQUES[5] == "pipeline"
+    assert overlap_bench.SWEEPS[5] is crossing
     try:
-        c = crossings.run("pipeline", small=True)
+        c = crossing.sweep(small=True)
     finally:
         ls.shutdown()
     assert c.sizes == pipeline.SIZES[True]

@@ -1,12 +1,13 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_crossing_tensor_parallel.py
-"""labsupport.crossings.tensor_parallel, chapter 4's time beside bytes: the crossing found
+"""labsupport.tensor_parallel.crossing, chapter 4's time beside bytes: the crossing found
 from given times (exact), then the small sweep on 2 ranks (its shape; no speed asserted:
 the ratio is the benchmark's, ``python -m labsupport.bench overlap``)."""
 import pytest
 
 import labsupport as ls
-from labsupport import crossings
-from labsupport.crossings import tensor_parallel as tp_crossing
+from labsupport.tensor_parallel import crossing
+from labsupport.bench import overlap as overlap_bench
+from labsupport.tensor_parallel import crossing as tp_crossing
 
 HIDDENS = [16, 64, 256, 1024]
 
@@ -30,9 +31,9 @@ def test_no_crossing_when_the_matmuls_never_catch_up():
 
 
 def test_the_small_sweep_on_two_ranks():
-    assert crossings.TECHNIQUES[4] == "tensor_parallel"
+    assert overlap_bench.SWEEPS[4] is crossing
     try:
-        c = crossings.run("tensor_parallel", small=True)
+        c = crossing.sweep(small=True)
     finally:
         ls.shutdown()
     assert c.sizes == tp_crossing.HIDDENS[True]

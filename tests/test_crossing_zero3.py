@@ -1,12 +1,12 @@
 # Run: .venv/bin/python -m pytest tests/test_crossing_zero3.py   (< 1 s; the sweep on
 # ranks is tests/test_zero.py's test_the_zero3_sweep_runs_small_and_gives_its_crossings)
-"""labsupport.crossings.zero3, chapter 7's time beside bytes, from given timelines
+"""labsupport.zero.crossing, chapter 7's time beside bytes, from given timelines
 (exact): the two curves, the formula's crossing from the link's own all-gathers
 (not from the sweep's), the speed-ups and their bound."""
 import pytest
 
 from labsupport import overlap
-from labsupport.crossings import zero3
+from labsupport.zero import crossing as zero3
 
 SIZES = [16, 64, 256, 1024]
 FLOPS, ALPHA, BETA, PARAMS = 1e11, 2e-4, 1e9, 400_000

@@ -1,4 +1,4 @@
-"""Chapter 3's data-parallel versions (labsupport.ddp) and probe: parity, counts, errors, notebook copy.
+"""Chapter 3's data-parallel versions (labsupport.data_parallel.ddp) and probe: parity, counts, errors, notebook copy.
 
 Run: .venv/bin/python -m pytest tests/test_ddp.py
 """
@@ -16,7 +16,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import labsupport as ls
-from labsupport import ddp, ddp_probe, models, timeline
+from labsupport import models, timeline
+from labsupport.data_parallel import ddp
+from labsupport.data_parallel import probe as ddp_probe
 from nbtools import assert_lesson_copy
 
 SIZES = dict(d_in=8, width=32, depth=3, d_out=4)   # 4 Linear layers: 8 parameter tensors

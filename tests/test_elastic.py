@@ -1,12 +1,12 @@
 """Chapter 10's two-node job is private: torch's TCPStore binds every interface,
-so labsupport.elastic runs the agents in a network namespace of their own."""
+so labsupport.checkpoints.elastic runs the agents in a network namespace of their own."""
 import socket
 import subprocess
 import sys
 
 import pytest
 
-from labsupport import elastic
+from labsupport.checkpoints import elastic
 
 # A TCPStore server given 127.0.0.1, as the c10d rendezvous makes it; prints its
 # port, then serves until its stdin closes.

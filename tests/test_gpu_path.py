@@ -32,7 +32,10 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport import ddp, ddp_probe, models, pipeline, timing
+from labsupport import models, timing
+from labsupport.data_parallel import ddp
+from labsupport.data_parallel import probe as ddp_probe
+from labsupport.pipeline import pipeline
 from labsupport.launch import cluster as cluster_module, forkserver, limits, placement, \
     rank_main, session, torchrun
 from grading_rings import ring_all_reduce
@@ -329,7 +332,8 @@ def probes_time_the_device():
     """Per probe, the devices its clock waited for: ddp_probe's steps, chapter 5's
     pipeline (zero-bubble's harness is its subclass), and the time-beside-bytes
     sweeps of chapters 4 (forward and g's all-reduce) and 5 (a stage's forward)."""
-    from labsupport.crossings import pipeline as pp_crossing, tensor_parallel as tp_crossing
+    from labsupport.pipeline import crossing as pp_crossing
+    from labsupport.tensor_parallel import crossing as tp_crossing
     seen, sync = [], timing.sync
     timing.sync = lambda device=None: seen.append(str(device)) or sync(device)
 

@@ -28,7 +28,7 @@ SHORT = 3.0  # s, deadline of the unit test that deadlocks on purpose
 BLOCKS, ROUND_ROBIN = placement.BLOCKS, placement.ROUND_ROBIN
 RS = "            dist.reduce_scatter_single(shard, grad, group=self.shard_group)\n"
 AR = "            dist.all_reduce(shard, group=self.replicate_group)\n"
-GRID_GROUPS = '''from labsupport.mesh import grid_groups
+GRID_GROUPS = '''from labsupport.device_mesh.mesh import grid_groups
 
 
 def hsdp_groups(node_of):

@@ -1,9 +1,10 @@
 # Run: .venv/bin/python -m pytest tests/test_memory.py
-"""labsupport.memory: byte tallies of real tensors and the ZeRO paper's formulas."""
+"""labsupport.memory.tally: byte tallies of real tensors and the ZeRO paper's formulas."""
 import pytest
 import torch
 
-from labsupport import memory, models
+from labsupport import models
+from labsupport.memory import tally as memory
 
 
 def test_storage_bytes_counts_distinct_storages():

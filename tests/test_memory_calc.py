@@ -1,9 +1,11 @@
 # Run: .venv/bin/python -m pytest tests/test_memory_calc.py
-"""labsupport.memory_calc: the calculator's formulas, against the papers and real tensors."""
+"""labsupport.memory.calc: the calculator's formulas, against the papers and real tensors."""
 import pytest
 import torch
 
-from labsupport import memory, memory_calc, models
+from labsupport import models
+from labsupport.memory import tally as memory
+from labsupport.memory import calc as memory_calc
 
 
 def test_gpt_params_counts_the_shared_decoder():

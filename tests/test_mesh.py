@@ -1,5 +1,5 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_mesh.py
-"""labsupport.mesh, chapter 8's lesson, through the launcher at 4 and 8 ranks.
+"""labsupport.device_mesh.mesh, chapter 8's lesson, through the launcher at 4 and 8 ranks.
 
 The hand-made grid and the DeviceMesh + FSDP2 version against one process
 training on the full batch (parameters after K SGD steps, fp32); the groups
@@ -18,9 +18,14 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport import calls, memory, memory_calc, mesh, models, planner, ring_attention, traffic
-from labsupport.grading.chapters import device_mesh as checks
-from labsupport.tp_gpt import TensorParallelGPT
+from labsupport import calls, models, traffic
+from labsupport.memory import tally as memory
+from labsupport.memory import calc as memory_calc
+from labsupport.device_mesh import mesh
+from labsupport.device_mesh import planner
+from labsupport.context_parallel import ring_attention
+from labsupport.device_mesh import checks
+from labsupport.tensor_parallel.gpt import TensorParallelGPT
 from nbtools import NOTEBOOK_DIR, assert_lesson_copy
 
 CFG = models.GPTConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2)

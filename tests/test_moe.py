@@ -1,5 +1,5 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_moe.py
-"""labsupport.moe, the mixture of experts and expert parallelism chapter 9 teaches.
+"""labsupport.expert_parallel.moe, the mixture of experts and expert parallelism chapter 9 teaches.
 
 Unit: the router, the capacity and its dropping rule, the load-balancing
 loss, the layer against a per-token loop, the shared decoder's MoE option
@@ -18,7 +18,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import labsupport as ls
-from labsupport import memory_calc, models, moe, traffic
+from labsupport import models, traffic
+from labsupport.memory import calc as memory_calc
+from labsupport.expert_parallel import moe
 from nbtools import assert_lesson_copy
 
 H, FFN, T = 8, 16, 10          # hidden, expert width, tokens per rank

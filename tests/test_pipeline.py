@@ -1,4 +1,4 @@
-"""Pipeline schedules (labsupport.pipeline): parity through the launcher, the ideal-machine
+"""Pipeline schedules (labsupport.pipeline.pipeline): parity through the launcher, the ideal-machine
 player, the bubble measurement, and the notebook's copy of the lesson code.
 
 Run: .venv/bin/python -m pytest tests/test_pipeline.py
@@ -9,7 +9,10 @@ import torch
 import torch.nn.functional as F
 
 import labsupport as ls
-from labsupport import bubbles, models, pipeline, pipeline_sim, timeline
+from labsupport import models, timeline
+from labsupport.pipeline import bubbles
+from labsupport.pipeline import pipeline
+from labsupport.pipeline import sim as pipeline_sim
 from nbtools import assert_lesson_copy
 
 MODEL_KW = dict(d_in=8, width=16, depth=17, d_out=4, seed=0)  # 16 hidden blocks

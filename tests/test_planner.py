@@ -1,5 +1,5 @@
 # Run: .venv/bin/python -m pytest tests/test_planner.py
-"""labsupport.planner: layouts, memory from chapter 0's calculator, bytes, placement in
+"""labsupport.device_mesh.planner: layouts, memory from chapter 0's calculator, bytes, placement in
 Megatron Core's order, step time with the overlap conditions, MFU, experts.
 
 (The context-parallel bytes against ring attention's own sends: tests/test_mesh.py.)
@@ -8,8 +8,11 @@ import math
 
 import pytest
 
-from labsupport import memory, memory_calc, overlap, planner
-from labsupport.planner import Job, Layout
+from labsupport import overlap
+from labsupport.memory import tally as memory
+from labsupport.memory import calc as memory_calc
+from labsupport.device_mesh import planner
+from labsupport.device_mesh.planner import Job, Layout
 
 M = memory_calc.PRESETS["7B"]
 JOB = Job(M, seq=4096, global_batch=512)

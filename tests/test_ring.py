@@ -1,5 +1,5 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_ring.py
-"""labsupport.ring, the ring all-reduce chapter 2 teaches and later chapters reuse.
+"""labsupport.ring.ring, the ring all-reduce chapter 2 teaches and later chapters reuse.
 
 Parity through the launcher at world sizes 1, 2, 3 and 4 against
 dist.all_reduce and a single-process sum (sizes that N does not divide,
@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport import ring, traffic
+from labsupport import traffic
+from labsupport.ring import ring
 from nbtools import assert_lesson_copy
 
 SIZES = [1, 2, 3, 10, 1001, 65_537, 300_007]

@@ -1,5 +1,5 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_ring_attention.py
-"""labsupport.ring_attention, the context parallelism chapter 6 teaches.
+"""labsupport.context_parallel.ring_attention, the context parallelism chapter 6 teaches.
 
 Parity through the launcher at world sizes 2 and 4, causal and not, against
 single-process float64 scaled_dot_product_attention: outputs and the
@@ -16,7 +16,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import labsupport as ls
-from labsupport import ring_attention as ra, traffic
+from labsupport import traffic
+from labsupport.context_parallel import ring_attention as ra
 from labsupport.timeline import Timeline
 from nbtools import assert_lesson_copy
 

@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport import elastic, resumable
-from labsupport import sharded_checkpoint as sc
+from labsupport.checkpoints import elastic
+from labsupport.checkpoints import resumable
+from labsupport.checkpoints import sharded_checkpoint as sc
 from nbtools import assert_lesson_copy
 
 RECIPE = resumable.Recipe(seq_len=8, hidden=15, heads=3, layers=2, data_size=16)

@@ -1,5 +1,5 @@
 # Run: .venv/bin/python -m pytest tests/test_strict_p2p.py   (~60 s on 2 idle cores)
-"""LABSUPPORT_P2P=strict: NCCL's point-to-point rules on gloo (labsupport.strict_p2p).
+"""LABSUPPORT_P2P=strict: NCCL's point-to-point rules on gloo (labsupport.launch.strict_p2p).
 
 What NCCL does and gloo does not, replayed on a CPU: tags ignored (messages
 between two ranks match in issue order); each unbatched operation complete
@@ -20,7 +20,11 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport import models, pipeline, ring, ring_attention, strict_p2p
+from labsupport import models
+from labsupport.pipeline import pipeline
+from labsupport.ring import ring
+from labsupport.context_parallel import ring_attention
+from labsupport.launch import strict_p2p
 import strict_patterns as old
 from grading_rings import direct_all_gather
 

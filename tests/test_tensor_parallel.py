@@ -1,5 +1,5 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_tensor_parallel.py
-"""labsupport.tensor_parallel, chapter 4's layers, through the launcher at t = 2 and 4.
+"""labsupport.tensor_parallel.tensor_parallel, chapter 4's layers, through the launcher at t = 2 and 4.
 
 Against the single-process ``models.GPT``: the loss, the logits and every
 parameter's gradient (TP, and TP+SP), and the parameters after K SGD steps;
@@ -17,9 +17,11 @@ import torch.distributed as dist
 
 import labsupport as ls
 from labsupport import models
-from labsupport import tensor_parallel as tp
-from labsupport import calls, tp_gpt, tp_probe
-from labsupport.grading.chapters import tensor_parallel as checks
+from labsupport.tensor_parallel import tensor_parallel as tp
+from labsupport import calls
+from labsupport.tensor_parallel import gpt as tp_gpt
+from labsupport.tensor_parallel import probe as tp_probe
+from labsupport.tensor_parallel import checks
 from nbtools import assert_lesson_copy
 
 CFG = models.GPTConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2)

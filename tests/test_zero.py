@@ -1,4 +1,4 @@
-"""labsupport.zero, chapter 7's ZeRO stages: parity through the launcher, errors, notebook copy.
+"""labsupport.zero.zero, chapter 7's ZeRO stages: parity through the launcher, errors, notebook copy.
 
 Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_zero.py
 
@@ -27,7 +27,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import labsupport as ls
-from labsupport import models, sharded_optimizer, zero
+from labsupport import models
+from labsupport.zero import sharded_optimizer
+from labsupport.zero import zero
 from nbtools import assert_lesson_copy
 
 STEPS, BATCH = 3, 8
@@ -175,7 +177,7 @@ def _groups_and_memory():
 
 
 def test_param_groups_add_param_group_and_a_sharded_state(cluster):
-    import labsupport.memory  # noqa: F401 (ls.memory on the ranks)
+    import labsupport.memory.tally  # noqa: F401 (ls.memory on the ranks)
     for got, want, state, shard_numel, n, lr, groups in cluster.run(_groups_and_memory):
         torch.testing.assert_close(got, want, **TOL)
         assert (lr, groups) == (2e-3, 2)
@@ -376,7 +378,7 @@ def _bitwise_and_mixed():
 
 
 def test_fp32_bitwise_at_two_ranks_and_bf16_compute_equals_fsdp2_mixed_precision():
-    import labsupport.memory  # noqa: F401 (ls.memory on the ranks)
+    import labsupport.memory.tally  # noqa: F401 (ls.memory on the ranks)
     with ls.start(world_size=2, backend="gloo") as cluster:
         (fp32, gathered32), (bf16, gathered16), fsdp, one = cluster.run(_bitwise_and_mixed)[0]
     assert all(torch.equal(fp32[k], one[k]) for k in one), "fp32 ZeRO-3 != one process"
@@ -404,14 +406,14 @@ def _peaks():
 
 
 def test_prefetch_holds_one_more_unit(cluster):
-    import labsupport.memory  # noqa: F401
+    import labsupport.memory.tally  # noqa: F401
     (peaks, unit), *_ = cluster.run(_peaks)
     assert peaks == {False: unit[-1] + max(unit[:-1]), True: unit[-1] + 2 * max(unit[:-1])}
 
 
 def test_the_zero3_sweep_runs_small_and_gives_its_crossings():
     from labsupport.crossings import Crossing, run
-    from labsupport.crossings import zero3 as sweep_module
+    from labsupport.zero import crossing as sweep_module
     c = run("zero3", small=True)
     assert isinstance(c, Crossing) and c.sizes == sweep_module.SIZES[True] == [16, 128, 512]
     assert all(t > 0 for t in c.compute + c.comm) and c.formula > 0

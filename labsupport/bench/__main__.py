@@ -19,16 +19,16 @@ import sys
 
 BENCHMARKS = {
     "launcher": "labsupport.bench.launcher",
-    "collectives": "labsupport.bench.collectives",
-    "ring": "labsupport.bench.ring",
-    "ddp": "labsupport.bench.ddp",
-    "pipeline": "labsupport.bench.pipeline",
-    "memory": "labsupport.bench.memory",
-    "ring_attention": "labsupport.bench.ring_attention",
-    "tp": "labsupport.bench.tp",
-    "zero": "labsupport.bench.zero",
-    "moe": "labsupport.bench.moe",
-    "checkpoint": "labsupport.bench.checkpoint",
+    "collectives": "labsupport.collectives.bench",
+    "ring": "labsupport.ring.bench",
+    "ddp": "labsupport.data_parallel.bench",
+    "pipeline": "labsupport.pipeline.bench",
+    "memory": "labsupport.memory.bench",
+    "ring_attention": "labsupport.context_parallel.bench",
+    "tp": "labsupport.tensor_parallel.bench",
+    "zero": "labsupport.zero.bench",
+    "moe": "labsupport.expert_parallel.bench",
+    "checkpoint": "labsupport.checkpoints.bench",
     "overlap": "labsupport.bench.overlap",
 }
 

@@ -2,7 +2,7 @@
 
     python -m labsupport.bench overlap [--default-sizes] [--chapters 4 6]
 
-Runs each technique's sweep of ``labsupport.crossings`` (small sizes unless
+Runs each chapter's sweep, ``labsupport/<topic>/crossing.py`` (small sizes unless
 ``--default-sizes``; every chapter unless ``--chapters``) and prints, per
 chapter, the size where the measured compute and communication times cross
 beside the formula's crossing for this machine's measured FLOP/s and link,
@@ -18,7 +18,22 @@ the script then exits with status 1, saying which.
 import argparse
 import sys
 
-from labsupport import crossings
+from labsupport.context_parallel import crossing as context_parallel
+from labsupport.data_parallel import crossing as data_parallel
+from labsupport.device_mesh import crossing as device_mesh
+from labsupport.expert_parallel import crossing as expert_parallel
+from labsupport.pipeline import crossing as pipeline
+from labsupport.tensor_parallel import crossing as tensor_parallel
+from labsupport.zero import crossing as zero
+
+# chapter -> its time-beside-bytes sweep, in the book's order
+SWEEPS = {3: data_parallel, 4: tensor_parallel, 5: pipeline, 6: context_parallel,
+          7: zero, 8: device_mesh, 9: expert_parallel}
+
+
+def technique(chapter):
+    """The sweep's topic folder: ``labsupport.zero.crossing`` -> ``zero``."""
+    return SWEEPS[chapter].__name__.split(".")[1]
 
 
 def main(argv=None):
@@ -26,25 +41,25 @@ def main(argv=None):
     parser.add_argument("--default-sizes", action="store_true",
                         help="the chapters' own sizes instead of the small ones")
     parser.add_argument("--chapters", type=int, nargs="+", metavar="N",
-                        default=sorted(crossings.TECHNIQUES),
+                        default=sorted(SWEEPS),
                         help="chapters to run (default: every one with a sweep)")
     args = parser.parse_args(argv)
-    unknown = set(args.chapters) - set(crossings.TECHNIQUES)
+    unknown = set(args.chapters) - set(SWEEPS)
     if unknown:
         parser.error(f"no sweep for chapter(s) {sorted(unknown)}: "
-                     f"choose among {sorted(crossings.TECHNIQUES)}")
+                     f"choose among {sorted(SWEEPS)}")
     ratios, missing, speedup = [], [], None
     for chapter in args.chapters:
-        technique = crossings.TECHNIQUES[chapter]
-        c = crossings.run(technique, small=not args.default_sizes)
-        print(f"chapter {chapter} {technique}: {c.size_label} measured "
+        name = technique(chapter)
+        c = SWEEPS[chapter].sweep(small=not args.default_sizes)
+        print(f"chapter {chapter} {name}: {c.size_label} measured "
               f"{_fmt(c.measured)}, formula {_fmt(c.formula)}, ratio {_fmt(c.ratio)}",
               flush=True)
         ratios.append(c.ratio and max(c.ratio, 1 / c.ratio))
         if c.ratio is None:
-            missing.append(f"chapter {chapter} {technique}: the sweep did not bracket "
+            missing.append(f"chapter {chapter} {name}: the sweep did not bracket "
                            "its crossing (widen its sizes)")
-        if technique == "context_parallel":
+        if name == "context_parallel":
             speedup = _ring_overlap(c)
             if speedup is None:
                 missing.append("chapter 6: no block past the crossing, so no "

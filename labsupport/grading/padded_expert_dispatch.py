@@ -8,9 +8,9 @@
 
 The student writes ``padded_moe(x, router, experts, top_k, capacity_factor,
 group=None)``: ``x`` (T, h) this rank's tokens, ``router`` the replicated
-``nn.Linear(h, E)``, ``experts`` a ``labsupport.moe.Experts`` holding this
+``nn.Linear(h, E)``, ``experts`` a ``labsupport.expert_parallel.moe.Experts`` holding this
 rank's E/N experts (rank r: experts r*E/N ...). It returns y (T, h), which
-must equal chapter 9's ``labsupport.moe.MoE`` on one process (``groups=N``:
+must equal chapter 9's ``labsupport.expert_parallel.moe.MoE`` on one process (``groups=N``:
 each rank's tokens are one group for the capacity and its dropping rule) and
 be differentiable. The dispatch pads every expert to its capacity: every
 all-to-all moves E x capacity rows, whatever the routing. Each check runs on
@@ -23,7 +23,8 @@ import functools
 import torch
 import torch.distributed as dist
 
-from labsupport import models, moe, traffic
+from labsupport import models, traffic
+from labsupport.expert_parallel import moe
 from labsupport.grading import checks as grading
 
 WORLD_SIZES = (2, 4)

@@ -6,7 +6,7 @@
     gr.check_replicated(load_tp_shard)   # LayerNorms, embeddings, o's and fc2's biases
     gr.check_bytes(load_tp_shard)        # each rank read its shards' bytes, returned them
 
-The checkpoints are chapter 10's (``labsupport.sharded_checkpoint``): the
+The checkpoints are chapter 10's (``labsupport.checkpoints.sharded_checkpoint``): the
 shared decoder trained with chapter 7's ZeRO-3, saved by ``SAVED_BY`` ranks
 (each unit's parameters and AdamW moments as flat tensors, cut in equal
 slices regardless of the parameters' boundaries). The student writes
@@ -27,8 +27,8 @@ import tempfile
 
 import torch
 
-from labsupport import resumable
-from labsupport import sharded_checkpoint as sc
+from labsupport.checkpoints import resumable
+from labsupport.checkpoints import sharded_checkpoint as sc
 from labsupport.grading import checks as grading
 from labsupport.launch import session
 

@@ -26,7 +26,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from labsupport import calls, memory, models
+from labsupport import calls, models
+from labsupport.memory import tally as memory
 from labsupport.grading import checks as grading
 
 CFG = models.GPTConfig(vocab_size=37, seq_len=8, hidden=15, heads=3, layers=2)  # Ψ odd

@@ -9,20 +9,22 @@
 
 Each check that runs ranks goes through ``labsupport.grading.run`` (a
 deadline; a deadlock is explained); the schedule-level checks play the
-schedule on an ideal machine in the kernel (``labsupport.pipeline_sim``
+schedule on an ideal machine in the kernel (``labsupport.pipeline.sim``
 with the backward split into B and W). The yardstick is ZB-H1's length
 there, 3m + p - 1 units for m >= p (the paper's (p-1)(F+B-W) bubble), not
 a reference schedule: none ships with the course. Every failure is an
 AssertionError that says what to change. The harness (F, B and W on
-chapter 5's messages, each padded to a fixed time) is ``labsupport.zero_bubble``.
+chapter 5's messages, each padded to a fixed time) is ``labsupport.pipeline.zero_bubble``.
 """
 import torch
 import torch.nn.functional as F
 
 from labsupport.launch.session import current
 from labsupport.grading import checks as grading
-from labsupport import models, pipeline, pipeline_sim, timeline
-from labsupport import zero_bubble as zb
+from labsupport import models, timeline
+from labsupport.pipeline import pipeline
+from labsupport.pipeline import sim as pipeline_sim
+from labsupport.pipeline import zero_bubble as zb
 
 CASES = ((2, 4), (4, 8))  # (p, m) of the checks
 SHARE = 0.5  # of ZB-H1's ideal saving over 1F1B that the measured idle fraction must show

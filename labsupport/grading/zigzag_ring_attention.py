@@ -14,7 +14,7 @@ order and returns its part of causal attention. Each check runs them on the
 ranks through ``labsupport.grading.run`` (a deadline, so a deadlock fails with
 an explanation, never a hung grader) and raises AssertionError with a message
 a student can act on. Work per rank is counted by
-``labsupport.ring_attention.block_attention``, which the student must use for
+``labsupport.context_parallel.ring_attention.block_attention``, which the student must use for
 every score block, in units of one chunk-block, (s/2N)^2 score entries.
 """
 import functools
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from labsupport import ring_attention
+from labsupport.context_parallel import ring_attention
 from labsupport.grading import checks as grading
 
 WORLD_SIZES = (2, 4)

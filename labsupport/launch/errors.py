@@ -153,7 +153,7 @@ _COURSE_ROOT = os.path.dirname(os.path.dirname(_LAUNCH_DIR.rstrip(os.sep))) + os
 _FAULT_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
 # Frames that say nothing to the reader: the launcher's own (every file of the
 # package labsupport.launch), strict mode's wrappers of torch.distributed's
-# functions (labsupport/strict_p2p.py), and torch's logging wrapper.
+# functions (labsupport/launch/strict_p2p.py), and torch's logging wrapper.
 _INTERNAL = (_LAUNCH_DIR, "<frozen ", os.sep + "threading.py", "c10d_logger.py",
              os.sep + "labsupport" + os.sep + "strict_p2p.py")
 

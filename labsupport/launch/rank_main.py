@@ -94,7 +94,7 @@ def _init_process_group(spec: dict):
                             device_id=device if device.type == "cuda" else None)
     identity.STATE.update(rank=spec["rank"], world_size=spec["world_size"], device=device,
                  backend=spec["backend"])
-    from labsupport import strict_p2p
+    from labsupport.launch import strict_p2p
     strict_p2p.install()  # NCCL's point-to-point rules on gloo, if LABSUPPORT_P2P=strict
     NAMESPACE.update(rank=spec["rank"], world_size=spec["world_size"],
                      local_rank=spec["rank"], device=device, dist=dist, torch=torch,

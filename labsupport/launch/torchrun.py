@@ -32,7 +32,7 @@ def main(fn, *args, backend: str = "auto", **kwargs):
     import torch
     import torch.distributed as dist
 
-    from labsupport import strict_p2p
+    from labsupport.launch import strict_p2p
     created = not dist.is_initialized()
     if created:
         _init(torch, dist, requested(backend))

@@ -30,7 +30,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from labsupport import calls, memory, models
+from labsupport import calls, models
+from labsupport.memory import tally as memory
 from labsupport.grading import checks as grading
 from labsupport.grading.hybrid_sharded_dp import placement
 from labsupport.grading.hybrid_sharded_dp.placement import (  # noqa: F401 - the notebook's
