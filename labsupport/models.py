@@ -136,13 +136,15 @@ class MLP(nn.Module):
 class DecoderBlock(nn.Module):
     """Pre-LayerNorm block: x + drop(attn(ln1(x))), then x + drop(mlp(ln2(x))).
 
-    The MLP is ``labsupport.expert_parallel.moe.MoE`` in the blocks ``cfg.is_moe(layer)`` names.
+    In the blocks ``cfg.is_moe(layer)`` names, the MLP is ``moe(h, ffn, E, k,
+    c_f)``: the mixture-of-experts class the caller passes (chapter 9's ``MoE``),
+    so this module, used from chapter 0 on, does not depend on chapter 9.
     """
 
-    def __init__(self, cfg: GPTConfig, layer: int = 0):
+    def __init__(self, cfg: GPTConfig, layer: int = 0, moe=None):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(cfg.hidden), nn.LayerNorm(cfg.hidden)
-        self.attn, self.mlp = CausalSelfAttention(cfg), _mlp(cfg, layer)
+        self.attn, self.mlp = CausalSelfAttention(cfg), _mlp(cfg, layer, moe)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):                                     # (b, s, h)
@@ -150,11 +152,14 @@ class DecoderBlock(nn.Module):
         return x + self.dropout(self.mlp(self.ln2(x)))
 
 
-def _mlp(cfg: GPTConfig, layer: int) -> nn.Module:
+def _mlp(cfg: GPTConfig, layer: int, moe) -> nn.Module:
     if not cfg.is_moe(layer):
         return MLP(cfg)
-    from labsupport.expert_parallel.moe import MoE
-    return MoE(cfg.hidden, cfg.ffn_hidden, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity)
+    if moe is None:
+        raise ValueError(f"GPTConfig(moe_experts={cfg.moe_experts}) needs the mixture-of-"
+                         "experts class: GPT(cfg, moe=MoE), with chapter 9's "
+                         "labsupport.expert_parallel.moe.MoE or your own")
+    return moe(cfg.hidden, cfg.ffn_hidden, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity)
 
 
 class GPT(nn.Module):
@@ -165,16 +170,18 @@ class GPT(nn.Module):
     under ``seed``, so every rank and the single-process reference hold the
     same weights. ``model(ids)`` gives logits (b, s, V); ``model(ids, targets)``
     the mean cross-entropy, plus ``cfg.moe_aux_coef`` times the MoE blocks'
-    load-balancing losses when the config has experts.
+    load-balancing losses when the config has experts (then ``moe`` is the
+    mixture-of-experts class, e.g. ``GPT(cfg, moe=MoE)`` in chapter 9).
     """
 
-    def __init__(self, cfg: GPTConfig = GPTConfig(), seed: int = 0):
+    def __init__(self, cfg: GPTConfig = GPTConfig(), seed: int = 0, moe=None):
         super().__init__()
         self.cfg = cfg
         with seeded(seed):
             self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden)
             self.pos = nn.Embedding(cfg.seq_len, cfg.hidden)
-            self.blocks = nn.ModuleList(DecoderBlock(cfg, i) for i in range(cfg.layers))
+            self.blocks = nn.ModuleList(DecoderBlock(cfg, i, moe)
+                                        for i in range(cfg.layers))
             self.ln_f = nn.LayerNorm(cfg.hidden)
             self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
         if cfg.tie_weights:

@@ -128,7 +128,7 @@ def decoder_flops(tokens, seq, layers, hidden, vocab, ffn=None, backward=True) -
 
 # -- this machine: measured FLOP/s and link ---------------------------------------
 
-def timed(fn, repeats=5, warmup=1) -> float:
+def median_seconds(fn, repeats=5, warmup=1) -> float:
     """Median seconds of ``fn()``; on a GPU the queued work is waited for."""
     import torch
 
@@ -151,7 +151,7 @@ def matmul_flops(m, k, n, dtype=None, device="cpu", repeats=5) -> float:
 
     a = torch.randn(m, k, dtype=dtype or torch.float32, device=device)
     b = torch.randn(k, n, dtype=dtype or torch.float32, device=device)
-    return 2 * m * k * n / timed(lambda: a @ b, repeats)
+    return 2 * m * k * n / median_seconds(lambda: a @ b, repeats)
 
 
 @dataclasses.dataclass(frozen=True)

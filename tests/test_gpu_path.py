@@ -398,7 +398,7 @@ HOST_CLOCKS = {
     "ddp_probe.GradReadyProbe._ready": "the same",
     "ring_attention.ring_forward": "when a K/V transfer is posted (its span ends on the "
                                    "timeline's device clock, record_since)",
-    "overlap.timed": "waits for the GPU itself (torch.cuda.synchronize)",
+    "overlap.median_seconds": "waits for the GPU itself (torch.cuda.synchronize)",
     "sweep._timed": "each call it times waits for its device (sweep's run_once: timing.sync)",
     "doctor.start_and_allreduce": "start-up time, and an all-reduce that waits for the GPU",
 }

@@ -125,8 +125,10 @@ def test_the_decoder_is_dense_by_default_and_adds_the_aux_loss_with_experts():
     dense = models.GPT(models.GPTConfig(**base), seed=0)
     assert all(isinstance(b.mlp, models.MLP) for b in dense.blocks)
     cfg = models.GPTConfig(**base, moe_experts=4, moe_every=2, moe_aux_coef=0.5)
-    gpt = models.GPT(cfg, seed=0)
+    gpt = models.GPT(cfg, seed=0, moe=moe.MoE)
     assert [type(b.mlp).__name__ for b in gpt.blocks] == ["MLP", "MoE"]
+    with pytest.raises(ValueError, match="needs the mixture-of-experts class"):
+        models.GPT(cfg, seed=0)          # models.py does not import chapter 9
     ids, targets = models.toy_tokens(2, 8, 32, seed=3)
     loss = gpt(ids, targets)
     ce = F.cross_entropy(gpt(ids).flatten(0, 1), targets.flatten())

@@ -83,7 +83,7 @@ def test_link_fit_recovers_alpha_and_beta_and_refuses_mixed_rows():
 def test_matmul_flops_is_a_positive_rate_and_timed_takes_the_median():
     assert overlap.matmul_flops(64, 64, 64, repeats=3) > 0
     calls = []
-    assert overlap.timed(lambda: calls.append(1), repeats=4, warmup=2) >= 0
+    assert overlap.median_seconds(lambda: calls.append(1), repeats=4, warmup=2) >= 0
     assert len(calls) == 6
 
 

@@ -54,22 +54,22 @@ def _bitwise(by_rank_a, by_rank_b) -> bool:
 
 def sharded(recipe, args, workdir) -> dict:
     """Bytes per rank over 12Ψ/N; N -> N/2 bitwise; a resume's losses."""
-    import labsupport as ls
+    from labsupport.launch import session
     from labsupport import models
     from labsupport.checkpoints import resumable
     n, half = args.world_size, args.steps // 2
     root = os.path.join(workdir, "ours")
-    saved = ls.run(_train_and_hold, recipe, root, half, world_size=n)
+    saved = session.run(_train_and_hold, recipe, root, half, world_size=n)
     path = os.path.join(root, f"step{half:06d}")
     files = [os.path.getsize(os.path.join(path, f"rank{r}.bin")) for r in range(n)]
     psi = sum(p.numel() for p in models.GPT(models.GPTConfig(
         recipe.vocab_size, recipe.seq_len, recipe.hidden, recipe.heads,
         recipe.layers)).parameters())
-    loaded = ls.run(_held, recipe, root, world_size=max(1, n // 2))
+    loaded = session.run(_held, recipe, root, world_size=max(1, n // 2))
     run = dict(steps=args.steps, every=args.steps + 1, world_size=n)
-    reference = ls.run(resumable.train, recipe, os.path.join(workdir, "reference"),
+    reference = session.run(resumable.train, recipe, os.path.join(workdir, "reference"),
                        capture=None, restore=None, **run)
-    resumed = ls.run(resumable.train, recipe, root, capture=resumable.training_state,
+    resumed = session.run(resumable.train, recipe, root, capture=resumable.training_state,
                      restore=resumable.restore_training_state, **run)
     equal = [[r["loss"] for r in ref[half:]] == [r["loss"] for r in res]
              for ref, res in zip(reference, resumed)]
@@ -125,10 +125,10 @@ def _stalls(recipe, root, asynchronous, saves) -> list:
 
 def stall_ratio(recipe, args, workdir) -> tuple:
     """Median stall per save (slowest rank) of dcp.save and of dcp.async_save."""
-    import labsupport as ls
+    from labsupport.launch import session
     medians = []
     for mode in ("sync", "async"):
-        by_rank = ls.run(_stalls, recipe, os.path.join(workdir, mode), mode == "async",
+        by_rank = session.run(_stalls, recipe, os.path.join(workdir, mode), mode == "async",
                          args.saves, world_size=args.world_size)
         medians.append(statistics.median(map(max, zip(*by_rank))))
     return tuple(medians)
@@ -137,7 +137,7 @@ def stall_ratio(recipe, args, workdir) -> tuple:
 def two_nodes(recipe, args, workdir) -> tuple:
     """A two-node torchrun job, rank 1 killed once: (its final losses == the
     uninterrupted run's, seconds)."""
-    import labsupport as ls
+    from labsupport.launch import session
     from labsupport.checkpoints import elastic
     from labsupport.checkpoints import resumable
     job = os.path.join(workdir, "two-nodes")
@@ -150,7 +150,7 @@ def two_nodes(recipe, args, workdir) -> tuple:
     run = elastic.run_two_nodes(program, job, max_restarts=1, timeout=args.timeout)
     with open(os.path.join(out, "rank0.jsonl")) as f:
         final = {r["step"]: r["loss"] for r in map(json.loads, f)}   # last attempt wins
-    reference = ls.run(resumable.train, recipe, os.path.join(workdir, "ref-2"),
+    reference = session.run(resumable.train, recipe, os.path.join(workdir, "ref-2"),
                        args.steps, args.steps + 1, None, None, world_size=2)[0]
     return [final.get(s) for s in range(args.steps)] == [r["loss"] for r in reference], \
         run.seconds
@@ -178,7 +178,7 @@ def main(argv):
 
 
 def report(args):
-    import labsupport as ls
+    from labsupport.launch import session
     from labsupport.checkpoints.resumable import Recipe
     recipe = Recipe(hidden=args.hidden, heads=args.heads, layers=args.layers,
                     seq_len=args.seq_len)
@@ -197,7 +197,7 @@ def report(args):
         print(f"two torchrun agents, a worker killed once: restarted and finished with the "
               f"uninterrupted losses: {elastic_ok} ({seconds:.1f} s)")
     finally:
-        ls.shutdown()
+        session.shutdown()
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"ckpt_bytes_measured_over_formula={ours['bytes_ratio']:.5f} "
           f"ckpt_async_stall_over_sync={asyn / sync:.3f} "

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import labsupport as ls
+from labsupport.launch import session
 from labsupport.context_parallel import ring_attention as ra
 from labsupport import timeline
 
@@ -67,11 +67,11 @@ def sdpa_ms(seq_len, heads, head_dim, repeats):
 
 
 def measure(n, args):
-    ls.start(world_size=n, threads=1)
+    session.start(world_size=n, threads=1)
     shape = (args.seq_len, args.heads, args.head_dim)
-    full = {o: ls.run(ring_steps, *shape, False, o, args.repeats, world_size=n)[0]["ms"]
+    full = {o: session.run(ring_steps, *shape, False, o, args.repeats, world_size=n)[0]["ms"]
             for o in (False, True)}
-    causal = ls.run(ring_steps, *shape, True, True, args.repeats, world_size=n)
+    causal = session.run(ring_steps, *shape, True, True, args.repeats, world_size=n)
     events = timeline.merge([r["events"] for r in causal])
     busy = [timeline.busy_time(events, r) * 1e3 for r in range(n)]
     return dict(full=full, causal_ms=causal[0]["ms"], busy=busy,
@@ -101,7 +101,7 @@ def main(argv=None):
               f"{r['full'][False] / r['full'][True]:9.2f} {r['causal_ms']:6.2f} ms "
               f"{str(r['blocks']):>16}  " + " ".join(f"{b:.1f}" for b in r["busy"]),
               flush=True)
-    ls.shutdown()
+    session.shutdown()
     r = results[args.world_sizes[0]]
     print(f"ring_attn_overlap_speedup={r['full'][False] / r['full'][True]:.3f} "
           f"causal_imbalance_contiguous={max(r['busy']) / min(r['busy']):.3f} "

@@ -69,9 +69,9 @@ def measure(sizes, repeats) -> dict:
     import torch
     import torch.distributed as dist
 
-    import labsupport as ls
+    from labsupport.launch import identity
     torch.manual_seed(dist.get_rank())
-    blocks = [[torch.randn(1, HEADS, c, HEAD_DIM, device=ls.device()) for _ in range(3)]
+    blocks = [[torch.randn(1, HEADS, c, HEAD_DIM, device=identity.device()) for _ in range(3)]
               for c in sizes]
     rows = [dict(start={False: [], True: []}, end={False: [], True: []},
                  events={False: [], True: []}) for _ in sizes]

@@ -29,7 +29,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import labsupport as ls
+from labsupport.launch import session
 from labsupport import models, traffic
 from labsupport.expert_parallel import moe
 
@@ -92,7 +92,7 @@ def train_imbalance(aux_coef, steps, seed=0):
     torch.set_num_threads(1)
     cfg = models.GPTConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2,
                            moe_experts=8, moe_top_k=2, moe_aux_coef=aux_coef)
-    model = models.GPT(cfg, seed=seed)
+    model = models.GPT(cfg, seed=seed, moe=moe.MoE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ratios = []
     for step in range(steps):
@@ -106,10 +106,10 @@ def train_imbalance(aux_coef, steps, seed=0):
 
 
 def measure(n, args):
-    ls.start(world_size=n, threads=1)
+    session.start(world_size=n, threads=1)
     shape = (args.tokens, args.hidden, args.experts, args.top_k)
-    wire = ls.run(wire_vs_formula, *shape, world_size=n)
-    times = ls.run(step_times, *shape, args.repeats, world_size=n)[0]
+    wire = session.run(wire_vs_formula, *shape, world_size=n)
+    times = session.run(step_times, *shape, args.repeats, world_size=n)[0]
     return dict(ratios=[w / f for w, f in wire], formula=[f for _, f in wire], times=times)
 
 
@@ -140,7 +140,7 @@ def main(argv=None):
         print(f"{n:2d} {r['formula'][0]:23,} {' '.join(f'{x:.4f}' for x in r['ratios']):>26} "
               f"{t['hand'] * 1e3:7.2f} ms {t['torch'] * 1e3:8.2f} ms "
               f"{t['hand'] / t['torch']:6.3f}", flush=True)
-    ls.shutdown()
+    session.shutdown()
     imbalance = {c: train_imbalance(c, args.train_steps) for c in (0.0, AUX_COEF)}
     print(f"decoder, 8 experts, {args.train_steps} steps: max/mean rows per expert "
           f"{imbalance[0.0]:.3f} without the balancing loss, {imbalance[AUX_COEF]:.3f} "

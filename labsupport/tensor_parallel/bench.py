@@ -51,13 +51,13 @@ def _step_times(name, sp, cfg, batch, steps) -> list:
 
 
 def bench_world_size(world_size, args) -> dict:
-    import labsupport as ls
+    from labsupport.launch import session
     from labsupport import models
 
     cfg = models.GPTConfig(vocab_size=args.vocab, seq_len=args.seq, hidden=args.hidden,
                            heads=args.heads, layers=args.layers)
     times = {v: [] for v in VERSIONS}
-    with ls.start(world_size=world_size, backend="gloo") as cluster:
+    with session.start(world_size=world_size, backend="gloo") as cluster:
         for _ in range(args.rounds):
             for name, sp in VERSIONS:
                 by_rank = cluster.run(_step_times, name, sp, cfg, args.batch, args.steps)

@@ -102,9 +102,9 @@ def _step_times(version, args) -> list[float]:
 
 
 def bench_world_size(world_size, args) -> dict:
-    import labsupport as ls
+    from labsupport.launch import session
     out = {}
-    with ls.start(world_size=world_size, backend="gloo") as cluster:
+    with session.start(world_size=world_size, backend="gloo") as cluster:
         for version in ("DP", "ZeRO-1", "ZeRO-2", "ZeRO-3"):
             out[version] = max(cluster.run(_held, version, args))
         rounds = {"ZeRO-3": [], "FSDP2": []}
