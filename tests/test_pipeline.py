@@ -12,6 +12,7 @@ import labsupport as ls
 from labsupport import models, timeline
 from labsupport.pipeline import bubbles
 from labsupport.pipeline import pipeline
+from labsupport.pipeline import explorer as pipeline_explorer
 from labsupport.pipeline import sim as pipeline_sim
 from nbtools import assert_lesson_copy
 
@@ -175,7 +176,7 @@ def test_replay_with_given_durations_and_the_charts():
 
 
 def test_explorer_views_are_consistent():
-    fig = pipeline_sim.explorer({"GPipe": (pipeline.train_step_afab, 1),
+    fig = pipeline_explorer.explorer({"GPipe": (pipeline.train_step_afab, 1),
                                  "interleaved": (pipeline.train_step_interleaved, 2)},
                                 ps=(2, 4), ms=(1, 2, 4))
     buttons = fig.layout.updatemenus[0].buttons
@@ -210,7 +211,7 @@ def test_measure_gives_a_row_with_the_formula_and_a_table(cluster):
     assert float(ratio) == pytest.approx((p - 1) / 4, abs=1e-3)  # (p-1)/(v·m)
     assert float(cells[header.index("idle/compute: formula") + 1]) == pytest.approx(
         row["measured_ratio"], abs=1e-3)
-    shown = pipeline_sim.explorer({"1F1B": (pipeline.train_step_1f1b, 1)}, ps=(p,), ms=(2, 4),
+    shown = pipeline_explorer.explorer({"1F1B": (pipeline.train_step_1f1b, 1)}, ps=(p,), ms=(2, 4),
                                   measured=[row])
     titles = [s["args"][1]["title.subtitle.text"] for s in shown.layout.sliders[0].steps]
     assert "measured" not in titles[0]  # m=2 was not run

@@ -4,7 +4,6 @@
     events = ideal_events(train_step_1f1b, p=4, m=8)  # timeline events, no run needed
     timeline.bubble(events)["fraction"]               # == (p-1)/(m+p-1)
     timeline.gantt(events, "1F1B", legend=KINDS, label=micro_batch, scale=1)  # its chart
-    explorer({"1F1B": (train_step_1f1b, 1)})          # a menu and slider over p and m
 
 The schedule functions of ``labsupport.pipeline.pipeline`` (or the notebook's copies)
 only call ``pp.forward(s, i)`` and ``pp.backward(s, i)``; here ``pp`` is an
@@ -19,7 +18,7 @@ formulas describe (GPipe, Huang et al. arXiv 1811.06965; interleaved 1F1B,
 Narayanan et al. arXiv 2104.04473 Sec. 2.2), and it finds deadlocks: a rank
 waiting for a message that no rank will send.
 """
-from labsupport.timeline import Timeline, bars, merge
+from labsupport.timeline import Timeline, merge
 
 
 class OrderRecorder:
@@ -196,76 +195,6 @@ def stash_formula(schedule: str, p: int, m: int, v: int = 1, rank: int = 0) -> i
     return peaks[schedule]
 
 
-# --- the explorer: every (schedule, p, v, m) of a small grid, drawn in advance ---
-
-def explorer(schedules: dict, ps=(2, 4, 8), ms=(1, 2, 4, 8, 16), start=(0, 0),
-             max_bars=128, measured=()):
-    """A plotly figure: a menu picks schedule and p, a slider picks m; bubbles in the title.
-
-    ``schedules`` maps a label to ``(schedule function, v)``. Every view is
-    computed here, so the figure works in the static book with no kernel:
-    the menu swaps in a slider listing that group's m values. ``start`` is
-    the (group, m) index shown first; views of more than ``max_bars`` bars
-    (2·p·v·m) are left out to keep the page light. ``measured``: rows of
-    ``bubbles.measure``; a view of a configuration that was run shows the
-    measured bubble beside the formula's.
-    """
-    import plotly.graph_objects as go
-
-    runs = {(r["fn"], r["p"], r["m"], r["v"]): r for r in measured}
-    fig, groups = go.Figure(), []
-    for label, (fn, v) in schedules.items():
-        for p in ps:
-            views = [_add_view(fig, fn, p, m, v, label, runs.get((fn, p, m, v))) for m in ms
-                     if 2 * p * v * m <= max_bars and _valid(fn, p, m, v)]
-            if views:
-                groups.append((f"{label}, p={p}", p, views))
-    if not groups:
-        raise ValueError(f"no valid view for these schedules, ps={ps} and ms={ms}: "
-                         "interleaved schedules need m divisible by p")
-    n, (g, k) = len(fig.data), start
-    sliders = [_slider(views) for _, _, views in groups]
-    buttons = [dict(label=name, method="update",
-                    args=[{"visible": _visible(views[0][0], n)},
-                          {"sliders": [slider], **_title(views[0][1]), **_y_axis(p)}])
-               for (name, p, views), slider in zip(groups, sliders)]
-    shown, (title, subtitle), _ = groups[g][2][k]
-    for i, trace in enumerate(fig.data):
-        trace.visible = i in shown
-    fig.update_layout(  # plots.top_margin makes room for the title and the menu
-        title=dict(text=title, subtitle_text=subtitle, x=0, xanchor="left"), barmode="overlay",
-        height=500, sliders=[dict(sliders[g], active=k)],
-        uniformtext=dict(minsize=9, mode="hide"),
-        updatemenus=[dict(buttons=buttons, active=g, x=1, xanchor="right", y=1.02,
-                          yanchor="bottom", direction="down")],
-        xaxis_title="time (units of one whole-model forward)", **_y_axis(groups[g][1]))
-    return fig
-
-
-def _valid(fn, p, m, v):
-    try:
-        orders(fn, p, m, v)
-        return True
-    except ValueError:  # e.g. interleaved needs p | m, naive needs m = 1
-        return False
-
-
-def _add_view(fig, fn, p, m, v, label, run=None):
-    """Two bar traces (forwards, backwards) of one ideal schedule:
-    (their indices, (title, subtitle), m).
-
-    ``run``: the measured row of this configuration, if it was run."""
-    events = ideal_events(fn, p, m, v, t_f=1.0 / p, t_b=2.0 / p)
-    first = len(fig.data)
-    fig.add_traces(bars(events, row=lambda e: e["rank"], label=micro_batch, legend=KINDS))
-    f = bubble_formula(p, m, v)
-    subtitle = f"bubble: {f['fraction']:.0%} of the wall time, {f['ratio']:.0%} of the compute"
-    if run is not None:
-        subtitle += (f"; measured in this run: {run['measured']:.0%} and "
-                     f"{run['measured_ratio']:.0%}")
-    return list(range(first, len(fig.data))), (f"{label}, p={p}, m={m}", subtitle), m
-
-
 # How the charts of pipelines show each kind of event (timeline.gantt's ``legend``)
 # (legend name, index of its colour in plots.PALETTE)
 KINDS = {"F": ("forward", 0), "B": ("backward", 2), "recv": ("waiting in recv", 3),
@@ -275,26 +204,3 @@ KINDS = {"F": ("forward", 0), "B": ("backward", 2), "recv": ("waiting in recv", 
 def micro_batch(event) -> str:
     """The text on a pipeline chart's bar: its micro-batch (timeline.gantt's ``label``)."""
     return str(event.get("mb", ""))
-
-
-def _visible(indices, n):
-    return [i in indices for i in range(n)]
-
-
-def _title(title):
-    """Layout updates that show a view's (title, subtitle)."""
-    return {"title.text": title[0], "title.subtitle.text": title[1]}
-
-
-def _slider(views):
-    """Steps that switch between one group's views, touching only that group's traces."""
-    mine = [i for idx, _, _ in views for i in idx]
-    steps = [dict(label=str(m), method="update",
-                  args=[{"visible": [i in idx for i in mine]}, _title(title), mine])
-             for idx, title, m in views]
-    return dict(active=0, steps=steps, currentvalue=dict(prefix="m = "), pad=dict(t=50))
-
-
-def _y_axis(p):
-    return {"yaxis.range": [p - 0.5, -0.5], "yaxis.tickvals": list(range(p)),
-            "yaxis.ticktext": [f"rank {r}" for r in range(p)], "yaxis.title": "rank"}
