@@ -1,15 +1,21 @@
 """Context parallelism for attention, as chapter 6 writes it: ring attention and Ulysses.
 
     from labsupport.context_parallel import ring_attention as ra
-    q, k, v = (ra.shard_sequence(t, rank, world_size) for t in (q_full, k_full, v_full))
-    out = ra.ring_attention(q, k, v, causal=True, seq_len=s)   # (b, a, s/N, d), differentiable
+    q, k, v = (ra.shard_sequence(t, rank, world_size)
+               for t in (q_full, k_full, v_full))
+    out = ra.ring_attention(q, k, v, causal=True, seq_len=s)   # (b, a, c, d)
     out = ra.ulysses_attention(q, k, v, causal=True, seq_len=s)
     full = ra.unshard(outs_by_rank, s)
 
-Shapes: q, k, v of one rank are (b, a, c, d), c = ceil(s/N) positions; a
-sequence that N does not divide is padded at its end, the padded keys masked
-(``seq_len``). The code between the markers is chapter 6's, character for
-character (tests/test_ring_attention.py); assignment 6's grader uses it.
+Shapes: q, k, v of one rank are (b, a, c, d): batch, heads, c = ceil(s/N)
+positions of the sequence, head size. A sequence that N does not divide is
+**padded** at its end to N·c positions (``shard_sequence``); the attention
+functions take the true length ``seq_len`` and never let a query see a padded
+key, so the outputs and gradients of the real positions are exact and those of
+the padded positions are thrown away by ``unshard``. Both are differentiable.
+
+The code between the marker lines is chapter 6's, character for character
+(tests/test_ring_attention.py); assignment 6's grader and its benchmark use it.
 """
 import contextlib
 import math

@@ -32,9 +32,11 @@ process group (NCCL's stream), run by a helper thread in issue order:
   raises (on gloo that wait never returns), so code that passes here runs
   on both.
 
-So a pattern that can hang on NCCL hangs here too, on a CPU, and ``labsupport.p2p_log`` records
-what each operation was queued behind (``grading.deadlock`` explains it). Every rank calls
-``install`` at start (``launch.rank_main``, ``launch.torchrun``); it does nothing unless asked.
+So a pattern that can hang on NCCL hangs here too, on a CPU, and
+``labsupport.p2p_log`` records what each operation was queued behind
+(``grading.deadlock`` explains it). ``install`` is called by every rank at
+start (``launch.rank_main``, ``launch.torchrun``) and does nothing unless
+the environment asks for strict mode.
 """
 import collections
 import inspect
@@ -110,6 +112,10 @@ class StrictWork:
 
     def is_completed(self) -> bool:
         return self._done.is_set()
+
+    def is_success(self) -> bool:
+        """Done without an error (torch's ``Work.is_success``)."""
+        return self._done.is_set() and self._error is None
 
     def exception(self):
         return self._error
