@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent('''
         t = torch.arange(n, dtype=torch.float32, device=ls.device()) * (dist.get_rank() + 1)
         dist.all_reduce(t)
         return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "sum": t.tolist(),
-                "backend": ls.backend_of(), "strict": ls.strict_p2p.active()}
+                "backend": ls.backend_of(), "strict": ls.launch.strict_p2p.active()}
 
     if __name__ == "__main__":
         result = ls.main(scaled_sum, 4)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 import labsupport as ls
 from labsupport import models
+from labsupport.memory import tally
 from labsupport.zero import sharded_optimizer
 from labsupport.zero import zero
 from nbtools import assert_lesson_copy
@@ -171,13 +172,12 @@ def _groups_and_memory():
         ref.step()
         ref.zero_grad()
     shard_numel = sum(f.shard_numel for f in opt.flats)
-    state = ls.memory.storage_bytes(v for s in opt.state.values() for v in s.values())
+    state = tally.storage_bytes(v for s in opt.state.values() for v in s.values())
     return ([p.detach() for p in model.parameters()], [p.detach() for p in ref_model.parameters()],
             state, shard_numel, n, opt.param_groups[1]["lr"], len(opt.param_groups))
 
 
 def test_param_groups_add_param_group_and_a_sharded_state(cluster):
-    import labsupport.memory.tally  # noqa: F401 (ls.memory on the ranks)
     for got, want, state, shard_numel, n, lr, groups in cluster.run(_groups_and_memory):
         torch.testing.assert_close(got, want, **TOL)
         assert (lr, groups) == (2e-3, 2)
@@ -357,7 +357,7 @@ def _bitwise_and_mixed():
         gathered = []
         gather = wrapped.flats[0].gather
         wrapped.flats[0].gather = lambda shard: (gathered.append(
-            ls.memory.storage_bytes(f.data for f in wrapped.flats)), gather(shard))[1]
+            tally.storage_bytes(f.data for f in wrapped.flats)), gather(shard))[1]
         for step in range(STEPS):
             loss("gpt_tied", wrapped, *my_batch("gpt_tied", step)).backward()
             opt.step()
@@ -378,7 +378,6 @@ def _bitwise_and_mixed():
 
 
 def test_fp32_bitwise_at_two_ranks_and_bf16_compute_equals_fsdp2_mixed_precision():
-    import labsupport.memory.tally  # noqa: F401 (ls.memory on the ranks)
     with ls.start(world_size=2, backend="gloo") as cluster:
         (fp32, gathered32), (bf16, gathered16), fsdp, one = cluster.run(_bitwise_and_mixed)[0]
     assert all(torch.equal(fp32[k], one[k]) for k in one), "fp32 ZeRO-3 != one process"
@@ -396,7 +395,7 @@ def _peaks():
         for flat in wrapped.flats:
             def logged(shard, gather=flat.gather):
                 work = gather(shard)
-                peaks.append(ls.memory.storage_bytes(f.data for f in wrapped.flats))
+                peaks.append(tally.storage_bytes(f.data for f in wrapped.flats))
                 return work
             flat.gather = logged
         loss("gpt_untied", wrapped, *my_batch("gpt_untied", 0)).backward()
@@ -406,15 +405,14 @@ def _peaks():
 
 
 def test_prefetch_holds_one_more_unit(cluster):
-    import labsupport.memory.tally  # noqa: F401
     (peaks, unit), *_ = cluster.run(_peaks)
     assert peaks == {False: unit[-1] + max(unit[:-1]), True: unit[-1] + 2 * max(unit[:-1])}
 
 
 def test_the_zero3_sweep_runs_small_and_gives_its_crossings():
-    from labsupport.crossings import Crossing, run
+    from labsupport.crossings import Crossing
     from labsupport.zero import crossing as sweep_module
-    c = run("zero3", small=True)
+    c = sweep_module.sweep(small=True)
     assert isinstance(c, Crossing) and c.sizes == sweep_module.SIZES[True] == [16, 128, 512]
     assert all(t > 0 for t in c.compute + c.comm) and c.formula > 0
     assert len(c.extra["speedup"]) == len(c.extra["bound"]) == 3

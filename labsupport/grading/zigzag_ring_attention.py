@@ -105,7 +105,7 @@ def check_balance(positions, attention, world_sizes=WORLD_SIZES, seq_len=16,
         if not any(work):
             raise AssertionError(
                 f"{name} computed no score block through "
-                "ls.ring_attention.block_attention: compute every block of "
+                "ls.context_parallel.ring_attention.block_attention: compute every block of "
                 "scores with it, so that the work per rank can be counted.")
         if max(work) - min(work) > 1:
             busiest = max(range(n), key=work.__getitem__)

@@ -4,7 +4,7 @@ Plain functions of (model size, sequence, batch, dtype, checkpointing, N and
 parallelism), shared by the memory chapter's widget and the DeviceMesh
 chapter's layout planner:
 
-    ls.memory_calc.training_memory(PRESETS["Llama-2 7B"], seq=4096, batch=1,
+    ls.memory.calc.training_memory(PRESETS["Llama-2 7B"], seq=4096, batch=1,
                                    precision="mixed", checkpointing="selective",
                                    n=8, parallelism="tp+sp")
 

@@ -3,11 +3,11 @@
 Shared by the memory chapter (0), ZeRO (7) and the DeviceMesh planner (8), so
 that every chapter's calculator gives the same answer:
 
-    ls.memory.storage_bytes(model.parameters())        # counted: unique storages
-    ls.memory.model_state_bytes(psi, precision="mixed", zero_stage=2, dp=64)
-    with ls.memory.saved_tensors(exclude=model.parameters()) as saved:
+    ls.memory.tally.storage_bytes(model.parameters())        # counted: unique storages
+    ls.memory.tally.model_state_bytes(psi, precision="mixed", zero_stage=2, dp=64)
+    with ls.memory.tally.saved_tensors(exclude=model.parameters()) as saved:
         loss = model(ids, targets)                      # saved.bytes: activations
-    with ls.memory.peak_tally(model.parameters()) as tally:
+    with ls.memory.tally.peak_tally(model.parameters()) as tally:
         step()                                          # tally.peak: live bytes, CPU
 
 Formulas follow Rajbhandari et al., "ZeRO" (arXiv 1910.02054), Section 3.1 and
