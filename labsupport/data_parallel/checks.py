@@ -16,12 +16,10 @@ import torch.distributed as dist
 
 from labsupport import your_turn
 from labsupport.grading import checks as grading
+from labsupport.grading.diagnosis import name_of
 
 _STUB = "is not written yet"          # how grading.run reports a NotWritten rank
 
-
-def _name(fn) -> str:
-    return getattr(fn, "__name__", "the function")
 
 
 def _seeded_model(seed):
@@ -49,7 +47,7 @@ def broadcast(fn, world_size: int = 2):
         got = grading.run(_broadcast_on_rank, fn, world_size=world_size)
     except AssertionError as failure:
         if _STUB in str(failure):
-            raise your_turn.NotWritten(_name(fn)) from None
+            raise your_turn.NotWritten(name_of(fn)) from None
         raise
     want = dict([*_seeded_model(100).named_parameters(),
                  *_seeded_model(100).named_buffers()])
@@ -58,7 +56,7 @@ def broadcast(fn, world_size: int = 2):
             if not torch.equal(tensor, want[name]):
                 kind = "buffer" if "running" in name or "batches" in name else "parameter"
                 raise AssertionError(
-                    f"{_name(fn)}: on rank {rank} the {kind} {name!r} is not rank 0's "
+                    f"{name_of(fn)}: on rank {rank} the {kind} {name!r} is not rank 0's "
                     "(each rank built its model from its own seed). Broadcast every "
                     "parameter, frozen ones too, and every buffer (module.buffers()), "
                     "from src=0, in place.")
@@ -66,7 +64,7 @@ def broadcast(fn, world_size: int = 2):
 
 def check_broadcast(fn, world_size: int = 2):
     """The check cell of ``broadcast_parameters``."""
-    return your_turn.check(lambda: broadcast(fn, world_size), _name(fn),
+    return your_turn.check(lambda: broadcast(fn, world_size), name_of(fn),
                            "parameters (frozen, tied) and buffers = rank 0's")
 
 
@@ -80,13 +78,13 @@ def buckets(fn):
     for size in (0, 200, 528, 656, 4096, 8192, 2**30):
         got, want = fn(params, size), ddp.bucket_params(params, size)
         if [id(p) for b in got for p in b] != [id(p) for p in params]:
-            raise AssertionError(f"{_name(fn)}(params, {size}): the buckets, one after the "
+            raise AssertionError(f"{name_of(fn)}(params, {size}): the buckets, one after the "
                                  "other, must hold every parameter once, in the order given "
                                  "(the order backward produces the gradients).")
         if [len(b) for b in got] != [len(b) for b in want]:
             show = [[p.numel() * 4 for p in b] for b in got]
             raise AssertionError(
-                f"{_name(fn)}(params, {size}) with parameters of {nbytes} bytes gave "
+                f"{name_of(fn)}(params, {size}) with parameters of {nbytes} bytes gave "
                 f"buckets of {show} bytes; expected "
                 f"{[[p.numel() * 4 for p in b] for b in want]}: a bucket takes parameters "
                 f"until the next would push it past {size} bytes, and never stays empty.")
@@ -94,5 +92,5 @@ def buckets(fn):
 
 def check_buckets(fn):
     """The check cell of ``bucket_params``."""
-    return your_turn.check(lambda: buckets(fn), _name(fn),
+    return your_turn.check(lambda: buckets(fn), name_of(fn),
                            "the same buckets as labsupport's, 7 sizes")

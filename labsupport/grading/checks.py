@@ -23,7 +23,7 @@ from labsupport.grading.diagnosis import log_path, name_of, run_on_ranks
 from labsupport.launch import session
 from labsupport.launch.limits import check_timeout
 
-WORLD_SIZES = (2, 4)
+WORLD_SIZES = (2, 4)  # the world sizes every grader and chapter check runs, one home
 SIZES = (8, 10, 13)  # 10 and 13 are not divisible by 4: chunks of unequal size
 # What each collective leaves where; ``factor`` k: a ring sends k(N-1)/N*S bytes per rank.
 _KINDS = {

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from labsupport import traffic
 from labsupport.grading import checks as grading
+from labsupport.grading.checks import WORLD_SIZES  # (2, 4): one home
 
-WORLD_SIZES = (2, 4)
 TOKENS, V_LOCAL = 32, 512          # n tokens; vocabulary entries per rank
 
 

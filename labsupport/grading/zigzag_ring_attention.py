@@ -25,8 +25,9 @@ import torch.nn.functional as F
 
 from labsupport.context_parallel import ring_attention
 from labsupport.grading import checks as grading
+from labsupport.grading.diagnosis import name_of
+from labsupport.grading.checks import WORLD_SIZES  # (2, 4): one home
 
-WORLD_SIZES = (2, 4)
 LENGTHS = (8, 16, 24)  # multiples of 2N for N = 2 and 4
 B, A, D = 1, 2, 4
 
@@ -45,7 +46,7 @@ def expected(seq_len):
 
 def check_positions(positions, world_sizes=WORLD_SIZES, lengths=LENGTHS):
     """Each rank holds s/N positions and every position is held exactly once."""
-    name = _name(positions)
+    name = name_of(positions)
     for n in world_sizes:
         for s in lengths:
             held = [positions(s, r, n) for r in range(n)]
@@ -73,13 +74,13 @@ def check_output(positions, attention, world_sizes=WORLD_SIZES, lengths=LENGTHS,
             calls = _run(positions, attention, s, n, timeout)
             want = expected(s)
             for rank, call in enumerate(calls):
-                _compare(_name(attention), rank, n, s, call["value"], want)
+                _compare(name_of(attention), rank, n, s, call["value"], want)
 
 
 def check_traffic(positions, attention, world_sizes=WORLD_SIZES, seq_len=16,
                   timeout=None):
     """Each rank sends N-1 K/V blocks, b·a·(s/N)·d·2 numbers each, with isend/send."""
-    name = _name(attention)
+    name = name_of(attention)
     for n in world_sizes:
         calls = _run(positions, attention, seq_len, n, timeout)
         block = 2 * B * A * (seq_len // n) * D * 8  # k and v, float64
@@ -97,7 +98,7 @@ def check_traffic(positions, attention, world_sizes=WORLD_SIZES, seq_len=16,
 def check_balance(positions, attention, world_sizes=WORLD_SIZES, seq_len=16,
                   timeout=None):
     """Score chunk-blocks computed per rank are equal within one."""
-    name = _name(attention)
+    name = name_of(attention)
     for n in world_sizes:
         calls = _run(positions, attention, seq_len, n, timeout)
         chunk = seq_len // (2 * n)
@@ -135,10 +136,10 @@ def _trial(positions, attention, seq_len):
 def _run(positions, attention, seq_len, n, timeout):
     check_positions(positions, (n,), (seq_len,))
     trial = functools.partial(_trial)
-    trial.__name__ = _name(attention)  # what the messages call it
+    trial.__name__ = name_of(attention)  # what the messages call it
     calls = grading.run(trial, positions, attention, seq_len, world_size=n,
                         timeout=timeout)
-    grading.assert_rules(calls, _name(attention))
+    grading.assert_rules(calls, name_of(attention))
     return calls
 
 
@@ -180,7 +181,3 @@ def _show(t):
     if not isinstance(t, torch.Tensor):
         return repr(t)
     return "[" + ", ".join(f"{v:.4g}" for v in t.flatten().tolist()[:6]) + "]"
-
-
-def _name(fn):
-    return getattr(fn, "__name__", None) or "the function"

@@ -16,10 +16,8 @@ than it could. Until the function is written, a check says so without
 failing.
 """
 from labsupport import your_turn
+from labsupport.grading.diagnosis import name_of
 
-
-def _name(fn) -> str:
-    return getattr(fn, "__name__", "the function")
 
 
 def _order_1f1b(rank, world_size, m):
@@ -37,7 +35,7 @@ def _reference_capped(rank, world_size, m, limit):
 
 
 def _call(fn, rank, world_size, m, limit) -> str:
-    return f"{_name(fn)}({rank}, {world_size}, {m}, {limit})"
+    return f"{name_of(fn)}({rank}, {world_size}, {m}, {limit})"
 
 
 def _all_once(got, m, where):
@@ -103,7 +101,7 @@ def _one_case(fn, rank, world_size, m, limit):
 
 def check_order_1f1b_capped(fn):
     """The check cell of ``order_1f1b_capped``."""
-    return your_turn.check(lambda: order_1f1b_capped(fn), _name(fn),
+    return your_turn.check(lambda: order_1f1b_capped(fn), name_of(fn),
                            "every rank, p = 2..4, m = 1..8, limit = 1..p+1")
 
 
@@ -120,7 +118,7 @@ def bubble(fn):
         got, want = fn(events), timeline.bubble(events)["fraction"]
         if abs(got - want) > 1e-9:
             raise AssertionError(
-                f"{_name(fn)} on the ideal {schedule.__name__} (p={p}, m={m}, v={v}) gave "
+                f"{name_of(fn)} on the ideal {schedule.__name__} (p={p}, m={m}, v={v}) gave "
                 f"{got:.4f}; the idle fraction is {want:.4f} = (p-1)/(vm+p-1) = "
                 f"{(p - 1) / (v * m + p - 1):.4f}. Per rank: wall time (first start to "
                 "last end, over all ranks) minus the rank's time on the 'compute' lane, "
@@ -130,5 +128,5 @@ def bubble(fn):
 
 def check_bubble(fn):
     """The check cell of ``bubble_fraction``."""
-    return your_turn.check(lambda: bubble(fn), _name(fn),
+    return your_turn.check(lambda: bubble(fn), name_of(fn),
                            "GPipe, 1F1B, interleaved ideal charts")
