@@ -82,11 +82,14 @@ def tp_max_degree(hw, ffn, act_bytes=2, inside_node=True) -> float:
     return 1 + 2 * ffn * bandwidth(hw, inside_node) / (act_bytes * hw.flops)
 
 
-def cp_min_block(hw, act_bytes=2, inside_node=True) -> float:
+def cp_min_block(hw, act_bytes=2, inside_node=True, causal_zigzag=False) -> float:
     """Tokens per ring-attention block above which one step's attention (4·c²·h
     FLOPs for QKᵀ and PV) outlasts passing K and V on (2·c·h·e bytes):
-    c* = e/2 · C/W (Liu et al. 2023, Ring Attention, arXiv 2310.01889, §3)."""
-    return act_bytes / 2 * hw.flops / bandwidth(hw, inside_node)
+    c* = e/2 · C/W (Liu et al. 2023, Ring Attention, arXiv 2310.01889, §3).
+    ``causal_zigzag``: a causal mask in the zig-zag layout, where every step but
+    the diagonal one computes half a block (2·c²·h) for the same bytes: c* = e·C/W."""
+    half = 2 if causal_zigzag else 1
+    return half * act_bytes / 2 * hw.flops / bandwidth(hw, inside_node)
 
 
 def pp_min_hidden(hw, layers_per_stage, act_bytes=2, inside_node=True,

@@ -56,25 +56,30 @@ def test_predicted_state_bytes_check():
         grading_memory.check_predicted_state_bytes(state_counted_now)
 
 
-def right_layer(s, b, h, a):
-    return s * b * h * (64 + 4 * a * s / h)
+def right_swiglu(s, b, h, f):
+    # LayerNorm's input, gate's and up's shared input; silu's input, the product's
+    # two factors, down's input
+    return 8 * s * b * h + 16 * s * b * f
 
 
-def test_layer_activation_bytes_check():
-    grading_memory.check_layer_activation_bytes(right_layer)
-    exact = lambda s, b, h, a: right_layer(s, b, h, a) + 16 * s * b + s * s  # noqa: E731
-    grading_memory.check_layer_activation_bytes(exact, rtol=0)
-    paper = lambda s, b, h, a: s * b * h * (34 + 5 * a * s / h)               # noqa: E731
+def test_swiglu_block_bytes_check():
+    grading_memory.check_swiglu_block_bytes(right_swiglu)
+    exact = lambda s, b, h, f: right_swiglu(s, b, h, f) + 2 * 4 * s * b  # noqa: E731
+    grading_memory.check_swiglu_block_bytes(exact, rtol=0)    # + LayerNorm's statistics
+    gelu_copied = lambda s, b, h, f: 8 * s * b * h + 8 * s * b * f       # noqa: E731
     with pytest.raises(AssertionError, match="your formula gives"):
-        grading_memory.check_layer_activation_bytes(paper)
-    no_scores = lambda s, b, h, a: 64 * s * b * h                            # noqa: E731
-    with pytest.raises(AssertionError, match="scores term"):
-        grading_memory.check_layer_activation_bytes(no_scores)
+        grading_memory.check_swiglu_block_bytes(gelu_copied)  # the GELU MLP's terms
+    one_factor = lambda s, b, h, f: 8 * s * b * h + 12 * s * b * f       # noqa: E731
+    with pytest.raises(AssertionError, match="both factors"):
+        grading_memory.check_swiglu_block_bytes(one_factor)   # the product's u only
+    input_twice = lambda s, b, h, f: 12 * s * b * h + 16 * s * b * f     # noqa: E731
+    with pytest.raises(AssertionError, match="kept once"):
+        grading_memory.check_swiglu_block_bytes(input_twice)  # y counted for gate and up
 
 
 def test_untouched_stub_reads_not_written(capsys):
     def stub(*args):
-        raise NotWritten("layer_activation_bytes")
-    assert check(lambda: grading_memory.check_layer_activation_bytes(stub),
-                 "layer_activation_bytes") is None
+        raise NotWritten("swiglu_block_bytes")
+    assert check(lambda: grading_memory.check_swiglu_block_bytes(stub),
+                 "swiglu_block_bytes") is None
     assert "not written yet" in capsys.readouterr().out

@@ -24,6 +24,8 @@ def test_the_cited_thresholds_come_out_of_the_formulas():
     assert overlap.tp_max_degree(H100, 28000) == pytest.approx(1 + 28000 * 450e9 / 990e12)
     assert overlap.zero3_min_tokens(H100, 8) == overlap.dp_min_tokens(H100, 8)
     assert overlap.cp_min_block(H100) == pytest.approx(2200)
+    # causal zig-zag: half a block's FLOPs for the whole block's bytes, twice the tokens
+    assert overlap.cp_min_block(H100, causal_zigzag=True) == pytest.approx(4400)
     assert overlap.ep_min_ffn(H100, 8) == pytest.approx(2200 * 7 / 8)
     assert overlap.pp_min_hidden(H100, 4) == pytest.approx(2 * 990e12 / (24 * 4 * 450e9))
 
@@ -96,3 +98,21 @@ def test_figure_has_measured_model_and_crossing_lines():
                                           "compute, formula", "communication, formula"]
     assert len(fig.layout.shapes) == 2 and math.isclose(fig.layout.shapes[1].x0, 12.0)
     assert torch.tensor(fig.data[0].y).tolist() == pytest.approx([1, 10, 100])
+
+
+def test_a_causal_zigzag_step_computes_half_a_block_for_the_whole_blocks_bytes():
+    # Zig-zag: rank r holds chunks r and 2N-1-r of 2N; a visiting block from rank j != r
+    # is seen by c·c/2 of the (query, key) pairs whichever side of r it comes from.
+    n, c = 4, 8
+    half = c // 2
+    positions = lambda r: [*range(r * half, (r + 1) * half),              # noqa: E731
+                           *range((2 * n - 1 - r) * half, (2 * n - r) * half)]
+    for r in range(n):
+        for j in range(n):
+            pairs = sum(k <= q for q in positions(r) for k in positions(j))
+            if j != r:
+                assert pairs == c * c // 2
+    e, h = 2, 4096
+    c_star = overlap.cp_min_block(H100, act_bytes=e, causal_zigzag=True)
+    flops = 4 * c_star**2 * h / 2                  # half of QKᵀ and PV over the block
+    assert flops / H100.flops == pytest.approx(2 * c_star * h * e / H100.intra_bw)

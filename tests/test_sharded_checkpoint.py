@@ -149,6 +149,41 @@ def test_saving_a_step_twice_fails_on_every_rank_and_a_refused_extra_says_why(tm
         sc.read_extra(str(tmp_path / "step000001"))
 
 
+def save_and_trace(root):
+    """Save once, recording (what, path) of each fsync and rename rank 0 makes."""
+    events, fsync, rename = [], os.fsync, os.rename
+
+    def traced_fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    def traced_rename(src, dst):
+        events.append(("rename", os.path.abspath(dst)))
+        rename(src, dst)
+
+    os.fsync, os.rename = traced_fsync, traced_rename
+    try:
+        pieces = {"w": (torch.arange(3.0), 3 * dist.get_rank(), 3 * dist.get_world_size())}
+        sc.save_sharded(os.path.join(root, "step000001"), pieces)
+    finally:
+        os.fsync, os.rename = fsync, rename
+    return events
+
+
+def test_the_rename_is_made_durable_by_fsyncs_of_both_directories(tmp_path):
+    # atomic is not durable: the .tmp directory's entries are synced before the
+    # rename and the parent's after it (Linux fsync(2): "an explicit fsync() on a
+    # file descriptor for the directory is also needed")
+    root = os.path.realpath(tmp_path)
+    final = os.path.join(root, "step000001")
+    events = ls.run(save_and_trace, root, world_size=2)[0]
+    renamed = events.index(("rename", final))
+    assert ("fsync", final + ".tmp") in events[:renamed]
+    assert events[renamed + 1:] == [("fsync", root)]
+    synced_files = {os.path.basename(p) for what, p in events[:renamed] if what == "fsync"}
+    assert {"rank0.bin", "metadata.json", "extra.pt"} <= synced_files
+
+
 def fsdp2_saves(full, path):
     """FSDP2 at this N takes our whole state (set_state_dict), then DCP saves it."""
     import torch.distributed.checkpoint as dcp

@@ -12,7 +12,8 @@ A checkpoint is a directory: ``rank<r>.bin`` (rank r's raw bytes, no header),
 file holds, at which byte offset. Loading at another world size reads, for
 each new slice, the overlapping parts of the saved ones by offset, and no
 more. The files are written into ``<dir>.tmp`` and renamed once every rank
-is done (POSIX rename is atomic), so a checkpoint is complete or absent; a
+is done (POSIX rename is atomic; the directories are fsynced before and after it,
+so that it is durable too), so a checkpoint is complete or absent; a
 ``.tmp`` directory or a file of the wrong size is refused with
 ``IncompleteCheckpoint``. The functions between the lesson markers are the
 chapter's (notebooks/10_checkpoints_and_failures.ipynb), kept identical by
@@ -52,9 +53,14 @@ def save_sharded(directory, pieces, extra=None, layout=None):
     dist.gather_object((index, extra), gathered, dst=0)
     if rank == 0:
         write_metadata(tmp, [i for i, _ in gathered], layout)
-        torch.save([e for _, e in gathered], os.path.join(tmp, "extra.pt"))
+        with open(os.path.join(tmp, "extra.pt"), "wb") as f:
+            torch.save([e for _, e in gathered], f)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_directory(tmp)              # the files' names on disk too
         os.rename(tmp, directory)         # atomic: complete or absent
-    dist.barrier()
+        fsync_directory(os.path.dirname(os.path.abspath(directory)))
+    dist.barrier()                        # durable: the rename is on disk
 
 
 def write_pieces(path, pieces):
@@ -93,6 +99,19 @@ def write_metadata(tmp, indexes, layout):
         os.fsync(f.fileno())
 
 
+def fsync_directory(path):
+    """Make the names in a directory durable (fsync on the directory).
+
+    A file's fsync writes its bytes; its name, and a rename, live in the
+    directory, which needs an fsync of its own (POSIX fsync; Linux fsync(2)).
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 METADATA = "metadata.json"
 
 
@@ -129,6 +148,18 @@ def read_metadata(directory):
     return meta
 
 
+def read_plan(pieces, start, length, itemsize):
+    """(file, byte offset, count, position) of each overlapping piece."""
+    plan = []
+    for piece in pieces:
+        lo = max(start, piece["start"])                  # the overlap:
+        hi = min(start + length, piece["start"] + piece["length"])
+        if lo < hi:
+            offset = piece["offset"] + (lo - piece["start"]) * itemsize
+            plan.append((piece["file"], offset, hi - lo, lo - start))
+    return plan
+
+
 def load_resharded(directory, wanted):
     """Elements [start, start + length) of each flat tensor, by offset.
 
@@ -141,15 +172,12 @@ def load_resharded(directory, wanted):
         info = meta["tensors"][name]
         out[name] = torch.zeros(length, dtype=getattr(torch, info["dtype"]))
         size = out[name].element_size()
-        for piece in info["pieces"]:
-            lo = max(start, piece["start"])
-            hi = min(start + length, piece["start"] + piece["length"])
-            if lo >= hi:                        # no overlap with this file
-                continue
-            with open(os.path.join(directory, piece["file"]), "rb") as f:
-                f.seek(piece["offset"] + (lo - piece["start"]) * size)
-                data = bytearray(f.read((hi - lo) * size))
-            out[name][lo - start:hi - start] = torch.frombuffer(
+        plan = read_plan(info["pieces"], start, length, size)  # your turn's
+        for file, offset, count, position in plan:
+            with open(os.path.join(directory, file), "rb") as f:
+                f.seek(offset)
+                data = bytearray(f.read(count * size))
+            out[name][position:position + count] = torch.frombuffer(
                 data, dtype=out[name].dtype)
             nbytes += len(data)
     return out, nbytes

@@ -1,8 +1,8 @@
-"""Chapter 0's your-turn checks: a model's states predicted, one layer's activations.
+"""Chapter 0's your-turn checks: a model's states predicted, a SwiGLU block's activations.
 
     from labsupport.memory import checks
     checks.check_predicted_state_bytes(predicted_state_bytes)
-    checks.check_layer_activation_bytes(layer_activation_bytes)
+    checks.check_swiglu_block_bytes(swiglu_block_bytes)
 
 Each check runs the reader's function on models built here and compares it
 with bytes counted from real tensors, raising an AssertionError that names
@@ -68,21 +68,45 @@ _HINTS = {
                  "per parameter only when momentum is not 0 (optimizer.defaults says)."}
 
 
-def measured_layer_bytes(s, b, h, a) -> int:
-    """Bytes autograd saves for backward in one fp32 DecoderBlock (no dropout), weights excluded."""
-    block = models.DecoderBlock(models.GPTConfig(seq_len=s, hidden=h, heads=a))
+class SwiGLUBlock(torch.nn.Module):
+    """A pre-LayerNorm SwiGLU MLP sub-block, fp32, no biases (Shazeer 2020, GLU
+    Variants Improve Transformer, arXiv 2002.05202; Llama's MLP): x + down(silu(gate(y))
+    * up(y)), y = LayerNorm(x); gate and up h -> f, down f -> h."""
+
+    def __init__(self, h, f):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(h)
+        self.gate = torch.nn.Linear(h, f, bias=False)
+        self.up = torch.nn.Linear(h, f, bias=False)
+        self.down = torch.nn.Linear(f, h, bias=False)
+
+    def forward(self, x):                                       # (b, s, h)
+        y = self.norm(x)
+        return x + self.down(torch.nn.functional.silu(self.gate(y)) * self.up(y))
+
+
+def measured_swiglu_bytes(s, b, h, f) -> int:
+    """Bytes autograd saves for backward in one ``SwiGLUBlock(h, f)`` on (b, s, h),
+    weights excluded (``memory.saved_tensors``, distinct storages)."""
+    block = SwiGLUBlock(h, f)
     x = torch.randn(b, s, h, requires_grad=True)                # (b, s, h)
     with memory.saved_tensors(exclude=block.parameters()) as saved:
         block(x)
     return saved.bytes
 
 
-def check_layer_activation_bytes(layer_bytes, rtol=0.02):
-    """``layer_bytes(s, b, h, a)`` within ``rtol`` of the bytes one fp32 layer saves."""
-    for s, b, h, a in [(64, 2, 64, 4), (32, 4, 128, 8), (128, 2, 64, 2)]:
-        measured = measured_layer_bytes(s, b, h, a)
-        got = layer_bytes(s, b, h, a)
+# f not a multiple of h (Llama's f is about 8h/3, rounded): the f terms stand apart
+SWIGLU_SHAPES = [(64, 2, 64, 176), (32, 4, 128, 344), (16, 3, 96, 256)]
+
+
+def check_swiglu_block_bytes(block_bytes, rtol=0.02):
+    """``block_bytes(s, b, h, f)`` within ``rtol`` of the bytes a ``SwiGLUBlock`` saves."""
+    for s, b, h, f in SWIGLU_SHAPES:
+        measured = measured_swiglu_bytes(s, b, h, f)
+        got = block_bytes(s, b, h, f)
         assert abs(got - measured) <= rtol * measured, (
-            f"s={s}, b={b}, h={h}, a={a}: your formula gives {got:,.0f} bytes, the layer "
-            f"saved {measured:,} ({got / measured:.3f} of it). fp32 values are 4 bytes; "
-            "the scores term grows as a*s*s*b, the rest as s*b*h")
+            f"s={s}, b={b}, h={h}, f={f}: your formula gives {got:,.0f} bytes, the "
+            f"block saved {measured:,} ({got / measured:.3f} of it). fp32 values are 4 "
+            "bytes; ask of each operation what its own backward needs: a Linear its "
+            "input, SiLU its input, an elementwise product both factors; a tensor two "
+            "operations save is kept once")
