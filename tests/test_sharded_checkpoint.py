@@ -163,7 +163,8 @@ def save_and_trace(root):
 
     os.fsync, os.rename = traced_fsync, traced_rename
     try:
-        pieces = {"w": (torch.arange(3.0), 3 * dist.get_rank(), 3 * dist.get_world_size())}
+        rank, n = dist.get_rank(), dist.get_world_size()
+        pieces = {"w": (torch.arange(3.0), 3 * rank, 3 * n)}
         sc.save_sharded(os.path.join(root, "step000001"), pieces)
     finally:
         os.fsync, os.rename = fsync, rename
@@ -180,7 +181,8 @@ def test_the_rename_is_made_durable_by_fsyncs_of_both_directories(tmp_path):
     renamed = events.index(("rename", final))
     assert ("fsync", final + ".tmp") in events[:renamed]
     assert events[renamed + 1:] == [("fsync", root)]
-    synced_files = {os.path.basename(p) for what, p in events[:renamed] if what == "fsync"}
+    synced_files = {os.path.basename(path) for what, path in events[:renamed]
+                    if what == "fsync"}
     assert {"rank0.bin", "metadata.json", "extra.pt"} <= synced_files
 
 

@@ -11,8 +11,9 @@ shared decoder trained with chapter 7's ZeRO-3, saved by ``SAVED_BY`` ranks
 (each unit's parameters and AdamW moments as flat tensors, cut in equal
 slices regardless of the parameters' boundaries). The student writes
 ``load_tp_shard(reader, kind, tp_rank, tp_size)``: for ``kind`` in
-``KINDS``, {parameter name: this tp rank's shard} in Megatron's layout
-(Shoeybi et al. 2019, §3: ``SPLIT``), reading only through
+``KINDS``, {parameter name: this tp rank's shard} in chapter 4's layout
+(Shoeybi et al. 2019, §3, for the attention and MLP matrices: ``SPLIT``; the tied
+embedding stays whole, where Megatron splits it by vocabulary), reading only through
 ``reader.read(file, offset, nbytes)``, which counts the bytes. Each check
 runs it on ``TP`` ranks through ``labsupport.grading.run`` (a deadlock fails
 at the deadline with where each rank was) and compares with the

@@ -100,7 +100,7 @@ SWIGLU_SHAPES = [(64, 2, 64, 176), (32, 4, 128, 344), (16, 3, 96, 256)]
 
 
 def check_swiglu_block_bytes(block_bytes, rtol=0.02):
-    """``block_bytes(s, b, h, f)`` within ``rtol`` of the bytes a ``SwiGLUBlock`` saves."""
+    """``block_bytes(s, b, h, f)`` within ``rtol`` of what a ``SwiGLUBlock`` saves."""
     for s, b, h, f in SWIGLU_SHAPES:
         measured = measured_swiglu_bytes(s, b, h, f)
         got = block_bytes(s, b, h, f)
