@@ -8,9 +8,11 @@ each telling PyTorch, MKL and oneDNN to use fewer instructions than this CPU
 has, which changes those last bits on one machine as another CPU would:
 
   native   what this CPU offers (AVX-512 where it has it)
-  default  ATEN_CPU_CAPABILITY=default: ATen's kernels without vector
-           extensions (a different summation order in reductions)
-  avx2     ATen, oneDNN and MKL limited to AVX2 (a CPU without AVX-512)
+  default  ATen's kernels without vector extensions, oneDNN at SSE4.1, MKL
+           at SSE4.2: the oldest x86-64 code paths (on an AVX-512 AMD EPYC,
+           this changes a matmul, a sum, a LayerNorm, a softmax, a GELU)
+  avx2     ATen, oneDNN and MKL at AVX2: a CPU without AVX-512 (on the same
+           machine, this changes a softmax and a GELU)
 
 Every setting must give the stored outputs (after tests/nbval_sanitize.cfg).
 Run it before submitting a change to a chapter: `make test-portable`, or
@@ -34,7 +36,8 @@ LOGS = ROOT / "_build" / "portable"
 # ranks (labsupport's launcher gives the ranks the kernel's environment).
 SETTINGS = {
     "native": {},
-    "default": {"ATEN_CPU_CAPABILITY": "default"},
+    "default": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
              "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
 }

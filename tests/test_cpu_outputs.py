@@ -9,12 +9,15 @@ each such output that tests/nbval_sanitize.cfg does not mask and ALLOWED does
 not explain. The slow, complete check is `make test-portable` (nbval under
 three instruction-set settings); this one is cheap enough for every run.
 """
+import importlib.util
+import os
 from dataclasses import dataclass
 
 import nbformat
 import pytest
+import torch
 
-from cpu_outputs import findings, notebook_findings, sanitizer, significant_digits
+from cpu_outputs import ROOT, findings, notebook_findings, sanitizer, significant_digits
 from labsupport import plots
 from nbtools import chapter_notebooks
 
@@ -147,3 +150,49 @@ def test_an_allowance_explains_only_its_own_notebook():
     other = Allowed("98_other", "loss 38.167927", "a reason")
     assert unexplained(found, [mine]) == []
     assert unexplained(found, [other]) == found
+
+
+# -- make test-portable (scripts/test_portable.py) ---------------------------------
+
+def portable_script():
+    spec = importlib.util.spec_from_file_location(
+        "test_portable", ROOT / "scripts" / "test_portable.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_setting_sets_its_own_instruction_sets(monkeypatch):
+    portable = portable_script()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")   # set outside: ignored
+    assert "ATEN_CPU_CAPABILITY" not in portable.environment("native")
+    assert portable.environment("default")["ATEN_CPU_CAPABILITY"] == "default"
+    avx2 = portable.environment("avx2")
+    assert (avx2["ATEN_CPU_CAPABILITY"], avx2["ONEDNN_MAX_CPU_ISA"],
+            avx2["MKL_ENABLE_INSTRUCTIONS"]) == ("avx2", "AVX2", "AVX2")
+    assert str(ROOT) in portable.environment("native")["PYTHONPATH"].split(os.pathsep)
+
+
+@pytest.mark.slow
+def test_the_setting_reaches_the_kernel_and_its_ranks(tmp_path):
+    # A notebook whose stored output is what ATen runs at on the "default"
+    # setting, in the kernel and in a rank: it passes there and nowhere else.
+    start = nbformat.v4.new_code_cell(      # its output says which backend
+        "import torch, labsupport as ls\n"
+        "ranks = ls.run(lambda: __import__('torch').backends.cpu"
+        ".get_cpu_capability(), world_size=1)", execution_count=1)
+    start.metadata["tags"] = ["nbval-ignore-output"]
+    cell = nbformat.v4.new_code_cell(
+        "print(torch.backends.cpu.get_cpu_capability(), ranks)",
+        execution_count=2)
+    cell.outputs = [nbformat.v4.new_output(
+        "stream", name="stdout", text="DEFAULT ['DEFAULT']\n")]
+    path = tmp_path / "99_capability.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[start, cell]), path)
+    portable = portable_script()
+    failed = portable.run("default", [path], tmp_path / "logs")
+    log = (tmp_path / "logs" / "default.log").read_text()
+    assert failed == [] and "2 passed" in log, log[-3000:]
+    if torch.backends.cpu.get_cpu_capability() != "DEFAULT":
+        assert portable.run("native", [path], tmp_path / "logs") == [
+            ("99_capability.ipynb", "Cell 1")]
