@@ -27,6 +27,9 @@ class Allowed:
     notebook: str   # the file's stem
     matches: str    # a substring of the finding, as str(Finding) writes it
     reason: str     # why no CPU can change it, or who fixes it
+    # True while another branch fixes the output (the allowance then goes,
+    # and matching nothing is no error): the lead removes it at the merge.
+    temporary: bool = False
 
 
 ALLOWED = [
@@ -51,7 +54,8 @@ ALLOWED = [
             "torch kernel), the same on every CPU"),
     Allowed("07_zero_fsdp", "parameters bit for bit",
             "owned by the ch7 branch (issue 34): the count of parameters "
-            "equal to FSDP2's bit for bit is being replaced there"),
+            "equal to FSDP2's bit for bit is being replaced there",
+            temporary=True),
 ]
 
 
@@ -75,7 +79,7 @@ def test_every_allowance_explains_a_stored_output():
     found = [f for p in chapter_notebooks() for f in findings(p)]
     for a in ALLOWED:
         assert a.reason.strip()
-        assert any(f.notebook == a.notebook and a.matches in str(f)
+        assert a.temporary or any(f.notebook == a.notebook and a.matches in str(f)
                    for f in found), f"stale allowance (matches nothing): {a}"
 
 
