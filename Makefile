@@ -4,7 +4,7 @@
 #   make test    environment, assets, chromium, the hub's proxy, then every test
 #   make test-gpu  the labs on >= 2 GPUs with NCCL (skips, saying why, elsewhere)
 #   make test-portable  every chapter's stored outputs under three instruction
-#                  sets (before submitting a change to a chapter; ~40 min)
+#                  sets (before submitting a change to a chapter; ~20 min on 2 cores)
 .DEFAULT_GOAL := book
 .PHONY: book test test-gpu test-portable env assets chromium proxy clean distclean
 
