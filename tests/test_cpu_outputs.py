@@ -39,11 +39,11 @@ ALLOWED = [
             "each correctly rounded by IEEE 754 on every CPU (no reduction, "
             "no transcendental function, no torch kernel)"),
     Allowed("00_memory", "figure '7B, s=4096, b=1, N=8: GB per device'",
-            "labsupport.memory_calc's byte counts (integer formulas) over "
+            "labsupport.memory.calc's byte counts (integer formulas) over "
             "1e9: one IEEE division per bar, the same on every CPU"),
     Allowed("08_device_mesh", "figure \"Llama-2 7B shape, 64 H100s: the fastest "
             "layouts' step time\"",
-            "labsupport.planner's cost model on the given hardware constants, "
+            "labsupport.device_mesh.planner's cost model on the given hardware constants, "
             "in Python floats (+, -, ×, ÷, math.ceil, sum in list order): no "
             "torch or BLAS kernel, so the same bits on every CPU"),
     Allowed("00_memory", "= 16.0012 B/param",
