@@ -61,7 +61,8 @@ def test_ring_collectives_across_nodes_use_every_nic_the_group_sits_behind():
     # fewer NICs than members (chapter 2's A100 nodes: 8 GPUs, 4 NICs): 4 x NIC
     a100 = overlap.Hardware("A100", 312e12, 300e9, 25e9, 8, "test", nics_per_node=4)
     assert seconds(64, 8, s, a100) == pytest.approx(s * 7 / 8 / 100e9)
-    assert seconds(64, 2, s, a100) == pytest.approx(s * max(1 / 2 / 300e9, 31 / 32 / 50e9))
+    assert seconds(64, 2, s, a100) == pytest.approx(
+        s * max(1 / 2 / 300e9, 31 / 32 / 50e9))
 
 
 def test_the_7b_all_reduce_of_chapter_3_and_its_crossing():
