@@ -160,8 +160,9 @@ def tp_max_degree(hw, ffn, act_bytes=2, inside_node=True) -> float:
     all-gather and reduce-scatter (2·(t-1)/t·T·h·e bytes): t* = 1 + 2·F·W/(e·C)
     with W = NVLink (How to Scale Your Model: t < F·W/C, "about F/2200" in an
     H100 node). ``inside_node=False``: the t ranks packed onto whole nodes at
-    ``group_bandwidth``, where t* solves 2F/(t·C) = e/W(t): about
-    8 + F/2,475 when the NICs bind (the chapter's "F > 2475·(Y - 8)")."""
+    ``group_bandwidth``, where W depends on t and t* solves the same equality,
+    4·T·h·F/(t·C) = 2·(t-1)/t·T·h·e/W(t): about 8 + F/2,475 when the NICs bind
+    (the chapter's "F > 2475·(Y - 8)")."""
     if inside_node:
         return 1 + 2 * ffn * hw.intra_bw / (act_bytes * hw.flops)
     node = hw.gpus_per_node
