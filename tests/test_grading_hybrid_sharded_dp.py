@@ -256,3 +256,5 @@ class TestNbgrader(TimedRoundTrip):
               "grid_groups": 6, "new_group_order": 0}
     stubs, hidden = 5, ("EDGE_PLACEMENTS",)
     deadlocked = ("try-hsdp", "test-parameters", "test-own-groups", "test-bytes")
+    # One autograde after another (no `beside`): its memory check counts live
+    # storages, as assignment 5's does.

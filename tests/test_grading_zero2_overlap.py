@@ -134,3 +134,4 @@ class TestNbgrader(RoundTrip):
               "keep_buffers": 8, "deadlock": 0}
     stubs, hidden = 3, ("bucket_numel=1)",)  # the hidden bucket sizes
     timeout = 500
+    # One autograde after another (no `beside`): its memory check reads the allocator.

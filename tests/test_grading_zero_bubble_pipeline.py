@@ -168,6 +168,7 @@ class TestNbgrader(TimedRoundTrip):
     stubs, hidden = 3, ("(8, 16)",)
     try_cell, try_fails = "try-schedule", ("untouched", "w_dropped", "deadlock")
     deadlocked, max_autograde_s = ("test-schedule-grads",), 300
+    # One autograde after another (no `beside`): its idle fraction reads the clock.
 
     @pytest.mark.slow
     def test_a_deadlock_ends_each_cell_at_the_deadline(self, graded):
