@@ -62,9 +62,9 @@ def autograde(assignment: str, submissions: dict, course: Path, timeout=600,
     The students named in ``beside`` are autograded in a copy of the course
     (made after generate_assignment, so the same release and gradebook), by a
     second `nbgrader autograde` running at the same time as the first: a
-    deadlocking submission spends most of its run waiting for its deadlines,
-    and a core waits with it. Only for an assignment whose grade reads no clock
-    and no allocator: the two calls load the machine as a class hub would."""
+    deadlocking submission spends most of its run waiting for its deadlines
+    while the CPU idles. Only for an assignment whose grade reads no clock and
+    no allocator: the two calls load the machine as a class hub would."""
     source = source_path(assignment)
     shutil.copytree(source.parent, course / "source" / assignment)
     # nbgrader runs `alembic` from PATH; the graded runs get a short deadline.
