@@ -20,8 +20,7 @@ import pytest
 import labsupport.grading.hybrid_sharded_dp as gh
 import sources
 from labsupport.grading.hybrid_sharded_dp import placement
-from nbgrader_run import (DEADLINE, assert_cell_scores, assert_exported_totals,
-                          assert_release_only, autograde, autograded, cell_seconds)
+from nbgrader_run import TimedRoundTrip
 
 ASSIGNMENT = "hybrid_sharded_dp"
 SHORT = 3.0  # s, deadline of the unit test that deadlocks on purpose
@@ -250,33 +249,12 @@ FAILED = {  # submission -> the test cells that score zero, and what their messa
 }
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    return autograde(ASSIGNMENT, SUBMISSIONS, tmp_path_factory.mktemp("course"))
-
-
-@pytest.mark.slow
-def test_the_student_version_has_stubs_and_no_hidden_tests(graded):
-    release = assert_release_only(graded)
-    assert "EDGE_PLACEMENTS" not in release
-    assert release.count("raise NotImplementedError()") == 5
-
-
-@pytest.mark.slow
-def test_exported_grades_are_the_expected_totals(graded):
-    assert_exported_totals(graded, CELLS, FAILED, {
-        "reference": 10, "untouched": 0, "world_allreduce": 7, "wrong_dimension": 4,
-        "full_allreduce": 8, "deadlock": 2, "grid_groups": 6, "new_group_order": 0})
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("student", SUBMISSIONS)
-def test_each_test_cell_scores_as_expected_with_a_helpful_message(graded, student):
-    assert_cell_scores(graded, student, CELLS, FAILED)
-
-
-@pytest.mark.slow
-def test_a_deadlock_ends_each_cell_at_the_deadline(graded):
-    seconds = cell_seconds(autograded(graded, "deadlock"))
-    for cell_id in ("try-hsdp", "test-parameters", "test-own-groups", "test-bytes"):
-        assert DEADLINE <= seconds[cell_id] < DEADLINE + 20, (cell_id, seconds[cell_id])
+class TestNbgrader(TimedRoundTrip):
+    assignment, submissions, cells, failed = ASSIGNMENT, SUBMISSIONS, CELLS, FAILED
+    totals = {"reference": 10, "untouched": 0, "world_allreduce": 7,
+              "wrong_dimension": 4, "full_allreduce": 8, "deadlock": 2,
+              "grid_groups": 6, "new_group_order": 0}
+    stubs, hidden = 5, ("EDGE_PLACEMENTS",)
+    deadlocked = ("try-hsdp", "test-parameters", "test-own-groups", "test-bytes")
+    # One autograde after another (no `beside`): its memory check counts live
+    # storages, as assignment 5's does.
