@@ -1,27 +1,13 @@
-"""Every chapter matches its stored outputs and has a parameters cell and small ones.
+"""Every chapter runs under papermill with its small parameters, and matches its stored outputs.
 
 Run: .venv/bin/python -m pytest tests/test_notebooks.py   (add -k 01_ for one chapter)
 Each chapter's small parameters are in its notebook metadata (see nbtools.py).
-
-Each chapter is executed once here, by nbval at its default parameters, which fails on
-any error output outside a cell tagged ``raises-exception``: the one assertion the
-papermill run with small parameters made (``error_outputs(nb) == []``), on the same
-cells. That run is gone; what it ran at other values is run elsewhere:
-- the starter (00_how_this_book_runs) runs under papermill with N_POINTS = 10 and nbval
-  in tests/test_starter_notebook.py, with more assertions than here; it is not run
-  again here;
-- the small sweeps that CROSSING_SMALL / SMALL_SWEEP select are the same
-  ``crossings.run(topic, small=True)`` calls tests/test_crossing_*.py run;
-- the other small values are subsets of the defaults (world sizes, sweep sizes, micro-
-  batch counts) or smaller models, steps and repeats of the same cells, whose lessons
-  tests/test_chapter_*.py and the lesson modules' tests check at several sizes.
 """
 import nbformat
 import pytest
-from nbtools import chapter_notebooks, failures_by_file, run_nbval, small_parameters
+from nbtools import chapter_notebooks, error_outputs, failures_by_file, run_nbval, run_papermill, small_parameters
 
 NOTEBOOKS = chapter_notebooks()
-STARTER = "00_how_this_book_runs"  # nbval'd by tests/test_starter_notebook.py
 pytestmark = pytest.mark.slow
 
 
@@ -49,16 +35,13 @@ def test_solution_cells_are_collapsed_in_the_book_and_in_jupyterlab(path):
             "metadata.jupyter.source_hidden to true")
 
 
-COMPARED = [p for p in NOTEBOOKS if p.stem != STARTER]
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_chapter_runs_with_small_parameters(path, tmp_path):
+    nb = run_papermill(path, tmp_path, small_parameters(path))
+    assert error_outputs(nb) == []
 
 
-def test_the_starter_is_compared_by_its_own_test():
-    assert STARTER in [p.stem for p in NOTEBOOKS]
-    from test_starter_notebook import NOTEBOOK
-    assert NOTEBOOK.stem == STARTER
-
-
-@pytest.mark.parametrize("path", COMPARED, ids=[p.stem for p in COMPARED])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_chapter_matches_its_stored_outputs(path, tmp_path):
     junit = tmp_path / "nbval.xml"
     code = run_nbval([path], junit)
