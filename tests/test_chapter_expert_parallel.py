@@ -14,7 +14,8 @@ import labsupport as ls
 from labsupport import moe
 from labsupport.grading.chapters import expert_parallel as checks
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "09_expert_parallel.ipynb"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "09_expert_parallel.ipynb"
 
 
 # -- expert_major_order ---------------------------------------------------------------
@@ -60,7 +61,8 @@ def test_the_chapters_expert_major_order_passes():
 
 
 def test_the_reference_loop_gives_the_chapters_example():
-    assert checks.expert_major_reference([[2, 1], [0, 3], [1, 1]]) == [0, 1, 6, 2, 3, 4, 5, 7]
+    want = [0, 1, 6, 2, 3, 4, 5, 7]
+    assert checks.expert_major_reference([[2, 1], [0, 3], [1, 1]]) == want
 
 
 @pytest.mark.parametrize("wrong, message", [
@@ -83,7 +85,7 @@ def test_an_unwritten_expert_major_order_is_reported_not_failed(capsys):
     assert "expert_major_order is not written yet" in capsys.readouterr().out
 
 
-# -- route_balanced, update_bias --------------------------------------------------------
+# -- route_balanced, update_bias ------------------------------------------------
 
 def _solution():
     """The chapter's route_balanced and update_bias, from its solution cell."""

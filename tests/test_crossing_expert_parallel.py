@@ -1,4 +1,5 @@
-# Run: flock /tmp/heavy.lock .venv/bin/python -m pytest tests/test_crossing_expert_parallel.py
+# Run: flock /tmp/heavy.lock .venv/bin/python -m pytest \
+#          tests/test_crossing_expert_parallel.py
 """labsupport.crossings.expert_parallel, chapter 9's time beside bytes: the crossing
 found from given times and a given link (exact), the forward-and-backward formula,
 then the small sweep on 2 ranks (its shape; no speed asserted: the ratio is the
@@ -20,7 +21,8 @@ def test_the_formula_meets_the_experts_where_the_step_s_all_to_alls_take_as_long
     compute = [12 * rows * ep.HIDDEN * f / flops for f in FFNS]
     c = ep.crossing(FFNS, TOKENS, compute, [step] * len(FFNS), [rows] * len(FFNS),
                     link, matmul_flops=4e10)
-    assert c.extra["alpha"] == pytest.approx(alpha) and c.extra["beta"] == pytest.approx(beta)
+    assert c.extra["alpha"] == pytest.approx(alpha)
+    assert c.extra["beta"] == pytest.approx(beta)
     assert c.extra["step_comm"] == pytest.approx(step)
     assert c.formula == pytest.approx(step * flops / (12 * rows * ep.HIDDEN), rel=1e-6)
     assert c.measured == pytest.approx(c.formula, rel=1e-6)   # exact: straight lines
@@ -31,7 +33,8 @@ def test_the_formula_meets_the_experts_where_the_step_s_all_to_alls_take_as_long
 
 def test_the_backward_lowers_the_crossing_by_a_third():
     h100 = overlap.HARDWARE["H100"]
-    forward, step = overlap.ep_min_ffn(h100, 8), overlap.ep_min_ffn(h100, 8, backward=True)
+    forward = overlap.ep_min_ffn(h100, 8)
+    step = overlap.ep_min_ffn(h100, 8, backward=True)
     assert step == pytest.approx(forward * 2 / 3)
 
 
@@ -46,7 +49,8 @@ def test_the_least_waiting_rank_is_taken_call_by_call():
     assert c.comm == [pytest.approx(2.5)] * 2              # runs: 1 + 1 = 2, 2 + 1 = 3
     assert c.compute == [1.0, 4.0]
     assert c.extra["comm_range"] == [(2.0, 3.0)] * 2
-    assert c.extra["slowest_rank_comm"] == [pytest.approx(5.0)] * 2   # max(6, 5), max(4, 4)
+    slowest = c.extra["slowest_rank_comm"]
+    assert slowest == [pytest.approx(5.0)] * 2            # max(6, 5), max(4, 4)
 
 
 def test_the_small_sweep_on_two_ranks():
@@ -55,7 +59,8 @@ def test_the_small_sweep_on_two_ranks():
         c = crossings.run("expert_parallel", small=True)
     finally:
         ls.shutdown()
-    assert c.sizes == ep.SIZES[True]["ffns"] and len(c.compute) == len(c.comm) == len(c.sizes)
+    assert c.sizes == ep.SIZES[True]["ffns"]
+    assert len(c.compute) == len(c.comm) == len(c.sizes)
     assert min(c.compute) > 0 and min(c.comm) > 0
     assert c.compute[-1] > c.compute[0]                 # wider experts, longer compute
     assert all(r > 0 for r in c.extra["rows"]) and c.formula > 0

@@ -50,7 +50,7 @@ LINK_BYTES = [1 << k for k in range(15, 22, 2)]        # 32 KiB .. 2 MiB (rows: 
 
 
 def sweep(small=False) -> Crossing:
-    """Time both on 2 ranks (a group of 2 is started or reused) and find the crossings."""
+    """Time both on 2 ranks (a group of 2 is started or reused); the crossings."""
     from labsupport.launch.session import run
 
     size = SIZES[small]

@@ -51,13 +51,14 @@ def check_expert_major_order(fn):
                 f"received {case}: {len(got)} indices for {len(want)} rows; one index "
                 "per received row (the sum of the counts)")
         if sorted(got) != list(range(len(want))):
-            raise AssertionError(f"received {case}: {got} is not an ordering of the rows "
-                                 f"0..{len(want) - 1}: each row exactly once")
+            raise AssertionError(f"received {case}: {got} is not an ordering of the "
+                                 f"rows 0..{len(want) - 1}: each row exactly once")
         if got == want:
             continue
         shown = " ".join(labels[i] for i in got)
-        text = (f"received {case} (rank-major: {' '.join(labels)}): your order lists "
-                f"{shown}; expected {' '.join(labels[i] for i in want)} (indices {want})")
+        expected = " ".join(labels[i] for i in want)
+        text = (f"received {case} (rank-major: {' '.join(labels)}): your order "
+                f"lists {shown}; expected {expected} (indices {want})")
         inverse = [0] * len(want)
         for position, i in enumerate(want):
             inverse[i] = position
@@ -107,25 +108,28 @@ def check_balanced_routing(route_balanced, update_bias):
         if not torch.equal(experts, want[1]):
             hint = (" You chose by the probabilities alone: the bias decides the choice"
                     if torch.equal(experts, plain[1]) else "")
-            raise AssertionError(f"{where}: chose experts {experts.tolist()}, expected "
-                                 f"the top {k} of probs + bias, {want[1].tolist()}.{hint}")
+            raise AssertionError(f"{where}: chose experts {experts.tolist()}, "
+                                 f"expected the top {k} of probs + bias, "
+                                 f"{want[1].tolist()}.{hint}")
         biased_gates = (probs + bias).detach().gather(1, want[1])
         if k > 1:
             biased_gates = biased_gates / biased_gates.sum(-1, keepdim=True)
         if torch.allclose(gates, biased_gates) and not torch.allclose(gates, want[2]):
-            raise AssertionError(f"{where}: the gates include the bias; it only chooses "
-                                 "the experts, the gates are the probabilities")
+            raise AssertionError(f"{where}: the gates include the bias; it only "
+                                 "chooses the experts, the gates are the "
+                                 "probabilities")
         if k == 1 and torch.allclose(gates, torch.ones_like(gates)):
-            raise AssertionError(f"{where}: every gate is 1: with one expert the gate is "
-                                 "its probability, not renormalised (that 1 has no "
-                                 "gradient for the router)")
+            raise AssertionError(f"{where}: every gate is 1: with one expert the "
+                                 "gate is its probability, not renormalised (that "
+                                 "1 has no gradient for the router)")
         if not torch.allclose(gates, want[2]):
             raise AssertionError(f"{where}: gates {gates.tolist()}, expected "
-                                 f"{want[2].tolist()}: the chosen experts' probabilities"
+                                 f"{want[2].tolist()}: the chosen experts' "
+                                 "probabilities"
                                  + (", renormalised over the k" if k > 1 else ""))
         if not gates.requires_grad:
-            raise AssertionError(f"{where}: the gates carry no gradient (detached?): the "
-                                 "router learns through them")
+            raise AssertionError(f"{where}: the gates carry no gradient (detached?): "
+                                 "the router learns through them")
         grad, = torch.autograd.grad(gates.sum() if k == 1 else gates[:, 0].sum(), leaf)
         if grad.abs().max() == 0:
             raise AssertionError(f"{where}: the gates' gradient to the logits is zero")
@@ -148,6 +152,6 @@ def _check_update_bias(update_bias):
     proportional = bias + speed * (load.float().mean() - load) / load.float().mean()
     if torch.allclose(got, proportional) or not torch.allclose(got, want, atol=1e-7):
         raise AssertionError(f"{where}: got {got.tolist()}, expected {want.tolist()}: "
-                             "DeepSeek-V3 moves each bias by the fixed speed, down above "
-                             "the mean load, up below it, not at all at the mean "
-                             "(speed x sign(mean - load))")
+                             "DeepSeek-V3 moves each bias by the fixed speed, down "
+                             "above the mean load, up below it, not at all at the "
+                             "mean (speed x sign(mean - load))")
