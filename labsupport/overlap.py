@@ -189,13 +189,17 @@ def pp_min_hidden(hw, layers_per_stage, act_bytes=2, inside_node=True,
                                    * bandwidth(hw, inside_node))
 
 
-def ep_min_ffn(hw, n, act_bytes=2, inside_node=True) -> float:
+def ep_min_ffn(hw, n, act_bytes=2, inside_node=True, backward=False) -> float:
     """Expert hidden size above which the experts' forward matmuls (4·T·k·h·F
     FLOPs on a rank's share of T·k routed tokens) outlast dispatching those
     tokens and combining them back (2·(n-1)/n·T·k·h·e bytes):
-    F* = (n-1)/n · e/2 · C/W (How to Scale Your Model, expert parallelism,
-    for a balanced router inside one node)."""
-    return ring(n) * act_bytes / 2 * hw.flops / bandwidth(hw, inside_node)
+    F* = (n-1)/n · e/2 · C/W, for a balanced router (chapter 9's derivation;
+    How to Scale Your Model, GPUs, sizes expert parallelism by the same two
+    terms). ``backward``: a training step, forward and backward: the experts
+    compute 3x (12·T·k·h·F) and the backward's two all-to-alls send the same
+    bytes again (4·(n-1)/n·T·k·h·e), so F* = (n-1)/n · e/3 · C/W."""
+    per = 3 if backward else 2
+    return ring(n) * act_bytes / per * hw.flops / bandwidth(hw, inside_node)
 
 
 # -- FLOPs of the shared decoder ----------------------------------------------------
