@@ -47,6 +47,13 @@ WRONG = {
     "full_allreduce": {"hsdp": ((RS + AR, (  # the full gradient across the replicas first
         "            dist.all_reduce(grad, group=self.replicate_group)\n" + RS)),)},
     "view_shards": {"hsdp": (("[me].clone()", "[me]"),)},  # each shard keeps its flat copy
+    "keep_full_grads": {"hsdp": (  # every padded full gradient kept after reduce()
+        ("        self.grads = [None] * len(self.params)\n",
+         "        self.grads = [None] * len(self.params)\n"
+         "        self.full = [None] * len(self.params)\n"),
+        ("            self.grads[i] = shard / self.n\n",
+         "            self.grads[i] = shard / self.n\n"
+         "            self.full[i] = grad\n"))},
     "swapped": {"hsdp_groups": (('return mine["shard"], mine["replicate"]',
                                  'return mine["replicate"], mine["shard"]'),)},
     "grid_groups": {"hsdp_groups": GRID_GROUPS},  # chapter 8: consecutive ranks, one node
@@ -204,6 +211,16 @@ def test_shards_that_are_views_keep_the_whole_copy():
     assert "self.shards hold 560 B" in text and "Ψ'/S·8 = 280 B" in text
 
 
+def test_full_gradients_kept_by_the_object_are_counted_by_reference():
+    """What the steps made and the object still reaches: the gradient shards (280 B) and
+    every padded full gradient (560 B), however soon gloo lets go of its buffers."""
+    m = MODULES["keep_full_grads"]
+    gh.check_parameters(m.hsdp_groups, m.HSDP)
+    text = fails(gh.check_memory, m.hsdp_groups, m.HSDP)
+    assert "840 B made during the steps are still held by your code" in text
+    assert "(2·Ψ'/S·8 = 560 B)" in text
+
+
 def test_swapped_groups_lose_the_groups_only():
     m = MODULES["swapped"]
     text = fails(gh.check_groups, m.hsdp_groups)
@@ -256,5 +273,7 @@ class TestNbgrader(TimedRoundTrip):
               "grid_groups": 6, "new_group_order": 0}
     stubs, hidden = 5, ("EDGE_PLACEMENTS",)
     deadlocked = ("try-hsdp", "test-parameters", "test-own-groups", "test-bytes")
-    # One autograde after another (no `beside`): its memory check counts live
-    # storages, as assignment 5's does.
+    # The deadlock waits for its deadlines beside the others (autograde's `beside`):
+    # its memory check counts what the HSDP object holds by reference
+    # (grading.held), not the allocator; no check reads a clock.
+    beside = ("deadlock",)

@@ -255,7 +255,10 @@ class TestNbgrader(TimedRoundTrip):
     stubs, hidden = 3, ("(8, 16)",)
     try_cell, try_fails = "try-schedule", ("untouched", "w_dropped", "deadlock")
     deadlocked, max_autograde_s = ("test-schedule-grads",), 300
-    # One autograde after another (no `beside`): its idle fraction reads the clock.
+    # The deadlock waits for its deadlines beside the others (autograde's `beside`):
+    # its idle fraction is the recorded schedule played in logical
+    # units (pipeline.sim.play); no check reads a clock or the allocator.
+    beside = ("deadlock",)
 
     @pytest.mark.slow
     def test_a_deadlock_ends_each_cell_at_the_deadline(self, graded):
