@@ -1,8 +1,8 @@
 # Run: PYTHONPATH=$PWD .venv/bin/python -m pytest tests/test_grades_deterministic.py  (~5 s)
 """No grade reads a clock or the allocator where load could change it.
 
-Every grader in labsupport/grading/ (the assignments' checks, the core, and
-the chapters' your-turn checkers in grading/chapters/) is read as code,
+Every grader in labsupport/grading/ (the assignments' checks and the core)
+and every chapter's your-turn checker (labsupport/<topic>/checks.py) is read as code,
 comments and strings left out, for what would make a verdict depend on the
 machine's load: a clock (``time.time``, ``perf_counter``, ``monotonic``,
 ``sleep``, ``labsupport.timing``, a timeline's durations, a recorded call's
@@ -48,23 +48,23 @@ READS = {  # name -> the pattern of a read in code (strings and comments removed
     "gc and liveness": r"\bgc\s*\.|\bimport\s+gc\b|\bweakref\b|\bgetrefcount\b",
 }
 
-LOGICAL_A3 = ("to be removed by the logical-time change: assignment 3's idle fraction "
-              "from the wall-clock timeline of the ranks (being made logical)")
+LOGICAL_A3 = ("timeline.bubble of LOGICAL events: the recorded order played with F = B = "
+              "W = 1 unit (idle_fraction) and 1F1B's ideal events on the same clock; no "
+              "time is measured")
 IDEAL_CH5 = ("timeline.bubble of pipeline_sim's ideal events (t_f = 1, t_b = 2 units): the "
              "reader's formula against the module's on computed, not measured, times")
 ALLOWED = {  # (file under labsupport/grading, read) -> (lines in code, why load cannot flip)
     ("diagnosis.py", "wall clock"): (
         2, "time.time() only in a deadlocked run's message ('rank 0 waited 20 s'): "
            "the verdict, the deadline, was already reached; the seconds are text"),
-    ("zero_bubble_pipeline.py", "timeline"): (2, LOGICAL_A3),
+    ("zero_bubble_pipeline.py", "timeline"): (3, LOGICAL_A3),
     ("zero_bubble_pipeline.py", "timeline durations"): (2, LOGICAL_A3),
-    ("zero_bubble_pipeline.py", "fixed-length compute"): (2, LOGICAL_A3),
     ("zero_bubble_pipeline.py", "call start/end"): (
         6, "events of the IDEAL machine (pipeline_sim: F = B = W = 1 unit) in "
            "check_schedule_order and its hint: logical time, computed, never measured"),
-    ("chapters/pipeline.py", "timeline"): (2, IDEAL_CH5),
-    ("chapters/pipeline.py", "timeline durations"): (1, IDEAL_CH5),
-    ("chapters/checkpoints.py", "call start/end"): (
+    ("pipeline/checks.py", "timeline"): (2, IDEAL_CH5),
+    ("pipeline/checks.py", "timeline durations"): (1, IDEAL_CH5),
+    ("checkpoints/checks.py", "call start/end"): (
         2, "p['start'] is an element offset in a checkpoint's plan, not a time"),
     ("reshard_to_tensor_parallel.py", "call start/end"): (
         1, "p['start'] is an element offset in a checkpoint's plan, not a time"),
@@ -100,11 +100,20 @@ def reads_in(source: str) -> dict:
     return found
 
 
+def graders(root=GRADERS):
+    """(name, path) of every grader: grading/*.py by their path under it, and each
+    chapter topic's checks.py as '<topic>/checks.py'."""
+    for path in sorted(root.rglob("*.py")):
+        yield str(path.relative_to(root)), path
+    if root == GRADERS:
+        for path in sorted((root.parent).glob("*/checks.py")):
+            yield f"{path.parent.name}/checks.py", path
+
+
 def all_reads(root=GRADERS) -> dict:
     """{(file, read): times} over every grader's code."""
-    return {(str(path.relative_to(root)), name): n
-            for path in sorted(root.rglob("*.py"))
-            for name, n in reads_in(path.read_text()).items()}
+    return {(name, read): n for name, path in graders(root)
+            for read, n in reads_in(path.read_text()).items()}
 
 
 def unlisted(found: dict, allowed: dict) -> list[str]:
