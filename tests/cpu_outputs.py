@@ -45,7 +45,8 @@ NOT_COMPARED = {"image/png", "image/jpeg", "application/vnd.plotly.v1+json",
 
 # A decimal number: 38.16792297363281, 1.6516e+38, 6e-05; not part of a
 # version (2.13.0), an address (127.0.0.1), a word or a hex digest.
-FLOAT = re.compile(r"(?<![\w.])[-+]?(\d+\.\d+(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)(?![\w.])")
+FLOAT = re.compile(r"(?<![\w.])[-+]?(\d+\.\d+(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)"
+                   r"(?![\w.])")
 # Equality bit for bit, in the words the book uses.
 BITWISE = re.compile(r"bit[- ]?for[- ]?bit|bit-?identical|bitwise|bit-exact",
                      re.I)

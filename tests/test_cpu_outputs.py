@@ -116,7 +116,7 @@ def test_significant_digits():
 
 @pytest.mark.parametrize("text", [
     "loss 38.167927\n",                      # a float32 loss with all its digits
-    "loss 0.460099, 20 parameter tensors\n",  # 6 digits: 1 value in ~25 rounds the other way
+    "loss 0.460099, 20 parameter tensors\n",  # 6 digits: 1 in ~25 rounds otherwise
     "tensor([0.1234567, 2.0])\n",
     "grad norm 8.142035e-01\n",
     "ZeRO-1: 67 of 68 parameters bit for bit\n",
