@@ -52,10 +52,6 @@ ALLOWED = [
     Allowed("07_zero_fsdp", "GB per GPU (paper:",
             "the ZeRO paper's formula on given Ψ and N (Python floats, no "
             "torch kernel), the same on every CPU"),
-    Allowed("07_zero_fsdp", "parameters bit for bit",
-            "owned by the ch7 branch (issue 34): the count of parameters "
-            "equal to FSDP2's bit for bit is being replaced there",
-            temporary=True),
 ]
 
 
