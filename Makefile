@@ -3,8 +3,10 @@
 #   make book    environment, assets, then the book (executing every notebook)
 #   make test    environment, assets, chromium, the hub's proxy, then every test
 #   make test-gpu  the labs on >= 2 GPUs with NCCL (skips, saying why, elsewhere)
+#   make test-portable  every chapter's stored outputs under three instruction
+#                  sets (before submitting a change to a chapter; ~20 min on 2 cores)
 .DEFAULT_GOAL := book
-.PHONY: book test test-gpu env assets chromium proxy clean distclean
+.PHONY: book test test-gpu test-portable env assets chromium proxy clean distclean
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -22,6 +24,12 @@ test: env assets chromium proxy
 
 test-gpu: env
 	scripts/test_gpu.sh
+
+# nbval over every chapter natively, then with ATen at no vector extensions and
+# with ATen, oneDNN and MKL at AVX2: the last bits another CPU changes (issue 34).
+# One chapter: make test-portable NOTEBOOKS=notebooks/10_checkpoints_and_failures.ipynb
+test-portable: env
+	$(PY) scripts/test_portable.py $(NOTEBOOKS)
 
 env:
 	scripts/setup_env.sh

@@ -1,6 +1,8 @@
 """Time beside bytes: when does a step's communication hide behind its compute?
 
     hw = overlap.HARDWARE["H100"]                 # cited peak numbers
+    overlap.group_bandwidth(hw, n=64)             # 64 ranks on 8 whole nodes: 450e9
+    overlap.group_bandwidth(hw, n=8, per_node=1)  # 8 ranks, one per node: 50e9
     overlap.dp_min_tokens(hw, n=8)                # ~1,925 tokens per GPU (2,200 as n grows)
     link = overlap.Link.fit(rows)                 # this machine: α, β from a sweep
     flops = overlap.matmul_flops(256, 256, 256)   # this machine: FLOP/s, measured
@@ -20,6 +22,39 @@ jax-ml.github.io/scaling-book/gpus), written with the element size ``e``
 (bytes) explicit and with the ring's (n-1)/n kept, which both sources drop
 for large n. Each returns the crossing size: communication-bound below it
 (above it, for the TP degree), compute-bound beyond.
+
+**The network model, once for the book** (``group_bandwidth``). A
+collective's time is the bytes each member sends over the bandwidth W at
+which it can send them, and W depends on where the group's members sit.
+How to Scale Your Model, GPUs chapter, sections "Beyond the node level" and
+"Cross-node collectives" (an 8-GPU H100 node: 450 GB/s of NVLink out of
+each GPU, and 8 InfiniBand NICs of 400 Gb/s, 400 GB/s out of the node):
+
+- *Ring collectives* (all-reduce, all-gather, reduce-scatter) of a group of
+  n members, g of them in each of M = n/g nodes: reduced inside each node
+  over NVLink, then across the nodes over the NICs the group's members sit
+  behind, min(g, NICs per node) of them, the two levels pipelined. An
+  all-gather or reduce-scatter of a buffer of S bytes takes
+  S · max((g-1)/(g·W_gpu), (M-1)/(M·W_node)), W_node = min(g, NICs) × one
+  NIC's bandwidth shared by the g members (the chapter's "more precise
+  derivation", bytes · max_i (D_i-1)/(D_i·W_i) over the levels of the
+  tree; its takeaway: "beyond the node level, the cost of an AllGather or
+  ReduceScatter on B bytes is roughly B / W_node egress"; an all-reduce is
+  twice that). A data-parallel or FSDP group that holds all 8 GPUs of
+  several nodes drives all 8 NICs at once; a group with one member per node
+  (data parallelism when tensor parallelism fills the node) gets one NIC
+  per member.
+- *All-to-all and point-to-point* (expert dispatch, a pipeline send, a ring
+  attention hop) are not hierarchical: each member's bytes to another node
+  leave through its own NIC, one NIC per member ("AllToAlls ... effectively
+  ha[ve] 50GB/s rather than 400GB/s of bandwidth").
+
+``group_bandwidth`` returns W per member such that time = (bytes one member
+sends in a ring, (n-1)/n·S per pass) / W, so the crossings and the planner
+keep their per-rank byte counts. Not modelled: in-network reduction (SHARP),
+latency, and the bandwidth real kernels reach (the chapter measures about
+370 of NVLink's 450 GB/s on large all-reduces); the group is assumed alone
+on its NICs.
 """
 import dataclasses
 import math
@@ -29,27 +64,67 @@ import time
 
 @dataclasses.dataclass(frozen=True)
 class Hardware:
-    """Peak numbers of one accelerator: dense bf16 FLOP/s, bytes/s out of one GPU."""
+    """Peak numbers of one accelerator and its node: dense bf16 FLOP/s, bytes/s."""
     name: str
     flops: float        # dense bf16 matmul FLOP/s
     intra_bw: float     # one GPU's egress inside its node (NVLink), bytes/s
-    inter_bw: float     # one GPU's share of its node's egress (InfiniBand), bytes/s
+    inter_bw: float     # one NIC's egress between nodes (InfiniBand), bytes/s
     gpus_per_node: int
     source: str
+    nics_per_node: int = 0      # 0: one NIC per GPU, as in a DGX H100 or B200
+
+    @property
+    def nics(self) -> int:
+        return self.nics_per_node or self.gpus_per_node
 
 
 _SCALING_BOOK = "How to Scale Your Model, 'How to Think About GPUs' (Austin et al. 2025)"
 HARDWARE = {
-    # 990e12 bf16 FLOP/s; 18 NVLink 4 links x 25 GB/s = 450 GB/s per GPU; 400 GB/s
-    # of InfiniBand per 8-GPU node (the chapter's tables and rooflines).
+    # 990e12 bf16 FLOP/s; 18 NVLink 4 links x 25 GB/s = 450 GB/s per GPU; 8 NICs of
+    # 400 Gb/s (50 GB/s), 400 GB/s out of an 8-GPU node (the chapter's tables).
     "H100": Hardware("H100 SXM", 990e12, 450e9, 400e9 / 8, 8, _SCALING_BOOK),
-    # 2250e12 bf16 FLOP/s; NVLink 5, 18 x 50 GB/s = 900 GB/s; 400 GB/s per node.
+    # 2250e12 bf16 FLOP/s; NVLink 5, 18 x 50 GB/s = 900 GB/s; 8 x 50 GB/s per node.
     "B200": Hardware("B200", 2250e12, 900e9, 400e9 / 8, 8, _SCALING_BOOK),
 }
 
 
 def bandwidth(hw: Hardware, inside_node: bool = True) -> float:
+    """One member's own link: NVLink inside a node, its NIC across nodes (the
+    rule for all-to-all and point-to-point; ``group_bandwidth``)."""
     return hw.intra_bw if inside_node else hw.inter_bw
+
+
+PATTERNS = ("ring", "all_to_all", "p2p")
+
+
+def group_bandwidth(hw: Hardware, n, per_node=None, pattern="ring") -> float:
+    """Bytes/s at which each of a group's ``n`` members sends its share of a
+    collective, ``per_node`` of them in each node (default: as many as fit,
+    the group packed onto whole nodes); the module docstring gives the model
+    and its source. For ``pattern="ring"``, time = (n-1)/n·S / W for a buffer
+    of S bytes (an all-reduce twice that); for ``"all_to_all"`` and ``"p2p"``,
+    time = the bytes a member sends / W."""
+    if pattern not in PATTERNS:
+        raise ValueError(f"pattern={pattern!r}: use one of {PATTERNS}")
+    per_node = min(n, hw.gpus_per_node) if per_node is None else per_node
+    if not 1 <= per_node <= min(n, hw.gpus_per_node):
+        raise ValueError(f"per_node={per_node}: between 1 and min(n={n}, "
+                         f"{hw.gpus_per_node} GPUs per node)")
+    if n % per_node:
+        raise ValueError(f"n={n} ranks do not fill nodes of per_node={per_node}")
+    if per_node == n or pattern != "ring":
+        return bandwidth(hw, inside_node=per_node == n)
+    return ring(n) * _ring_bytes_per_second(hw, n, per_node)
+
+
+def _ring_bytes_per_second(hw, n, per_node) -> float:
+    """1 / (seconds per byte of buffer) of a hierarchical ring collective of
+    n members, per_node to a node (real n allowed: ``tp_max_degree``)."""
+    nodes, node_egress = n / per_node, min(per_node, hw.nics) * hw.inter_bw
+    if nodes <= 1:
+        return hw.intra_bw / ring(n)
+    inside = ring(per_node) / hw.intra_bw if per_node > 1 else 0.0
+    return 1 / max(inside, ring(nodes) / node_egress)
 
 
 def ring(n: int) -> float:
@@ -61,25 +136,40 @@ def ring(n: int) -> float:
 
 # -- the crossing sizes, one per technique (formulas: see each docstring) ---------
 
-def dp_min_tokens(hw, n, grad_bytes=2, inside_node=True) -> float:
+def dp_min_tokens(hw, n, grad_bytes=2, per_node=None) -> float:
     """Tokens per GPU above which the backward (4·T·Ψ FLOPs) outlasts the gradients'
-    all-reduce (2·(n-1)/n·Ψ·g bytes): T* = (n-1)/n · g/2 · C/W (Playbook A3;
-    How to Scale Your Model's T > C/W, about 2,200 inside an H100 node)."""
-    return ring(n) * grad_bytes / 2 * hw.flops / bandwidth(hw, inside_node)
+    all-reduce (2·(n-1)/n·Ψ·g bytes from each rank at ``group_bandwidth`` W):
+    T* = (n-1)/n · g/2 · C/W (Playbook A3; How to Scale Your Model's T > C/W:
+    about 2,200 inside an H100 node, 2,475 across whole nodes). ``per_node``:
+    the group's members in each node (default: packed onto whole nodes)."""
+    w = group_bandwidth(hw, n, per_node)
+    return ring(n) * grad_bytes / 2 * hw.flops / w
 
 
-def zero3_min_tokens(hw, n, param_bytes=2, inside_node=True) -> float:
+def zero3_min_tokens(hw, n, param_bytes=2, per_node=None) -> float:
     """Tokens per GPU above which a unit's forward (2·T·P FLOPs) outlasts the
-    all-gather of its P parameters ((n-1)/n·P·e bytes), so prefetching the next
-    unit's gather hides it: T* = (n-1)/n · e/2 · C/W (Playbook A3, ZeRO-3)."""
-    return ring(n) * param_bytes / 2 * hw.flops / bandwidth(hw, inside_node)
+    all-gather of its P parameters ((n-1)/n·P·e bytes from each rank at
+    ``group_bandwidth`` W), so prefetching the next unit's gather hides it:
+    T* = (n-1)/n · e/2 · C/W (Playbook A3, ZeRO-3)."""
+    w = group_bandwidth(hw, n, per_node)
+    return ring(n) * param_bytes / 2 * hw.flops / w
 
 
 def tp_max_degree(hw, ffn, act_bytes=2, inside_node=True) -> float:
     """The TP degree t below which an MLP's matmuls (4·T·h·F/t FLOPs) outlast its
     all-gather and reduce-scatter (2·(t-1)/t·T·h·e bytes): t* = 1 + 2·F·W/(e·C)
-    (How to Scale Your Model: t < F·W/C, about F/2,200 in an H100 node)."""
-    return 1 + 2 * ffn * bandwidth(hw, inside_node) / (act_bytes * hw.flops)
+    with W = NVLink (How to Scale Your Model: t < F·W/C, "about F/2200" in an
+    H100 node). ``inside_node=False``: the t ranks packed onto whole nodes at
+    ``group_bandwidth``, where W depends on t and t* solves the same equality,
+    4·T·h·F/(t·C) = 2·(t-1)/t·T·h·e/W(t): about 8 + F/2,475 when the NICs bind
+    (the chapter's "F > 2475·(Y - 8)")."""
+    if inside_node:
+        return 1 + 2 * ffn * hw.intra_bw / (act_bytes * hw.flops)
+    node = hw.gpus_per_node
+    seconds_per_byte = lambda t: 1 / _ring_bytes_per_second(  # noqa: E731
+        hw, t, min(t, node))
+    return crossing(lambda t: 2 * ffn / (t * hw.flops),
+                    lambda t: act_bytes * seconds_per_byte(t), 1 + 1e-9, 1e6)
 
 
 def cp_min_block(hw, act_bytes=2, inside_node=True, causal_zigzag=False) -> float:
@@ -102,13 +192,17 @@ def pp_min_hidden(hw, layers_per_stage, act_bytes=2, inside_node=True,
                                    * bandwidth(hw, inside_node))
 
 
-def ep_min_ffn(hw, n, act_bytes=2, inside_node=True) -> float:
+def ep_min_ffn(hw, n, act_bytes=2, inside_node=True, backward=False) -> float:
     """Expert hidden size above which the experts' forward matmuls (4·T·k·h·F
     FLOPs on a rank's share of T·k routed tokens) outlast dispatching those
     tokens and combining them back (2·(n-1)/n·T·k·h·e bytes):
-    F* = (n-1)/n · e/2 · C/W (How to Scale Your Model, expert parallelism,
-    for a balanced router inside one node)."""
-    return ring(n) * act_bytes / 2 * hw.flops / bandwidth(hw, inside_node)
+    F* = (n-1)/n · e/2 · C/W, for a balanced router (chapter 9's derivation;
+    How to Scale Your Model, GPUs, sizes expert parallelism by the same two
+    terms). ``backward``: a training step, forward and backward: the experts
+    compute 3x (12·T·k·h·F) and the backward's two all-to-alls send the same
+    bytes again (4·(n-1)/n·T·k·h·e), so F* = (n-1)/n · e/3 · C/W."""
+    per = 3 if backward else 2
+    return ring(n) * act_bytes / per * hw.flops / bandwidth(hw, inside_node)
 
 
 # -- FLOPs of the shared decoder ----------------------------------------------------

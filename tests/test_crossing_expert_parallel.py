@@ -1,38 +1,70 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_crossing_expert_parallel.py
+# Run: flock /tmp/heavy.lock .venv/bin/python -m pytest \
+#          tests/test_crossing_expert_parallel.py
 """labsupport.expert_parallel.crossing, chapter 9's time beside bytes: the crossing
-found from given times (exact), then the small sweep on 2 ranks (its shape; no speed
-asserted: the ratio is the benchmark's, ``python -m labsupport.bench overlap``)."""
+found from given times and a given link (exact), the forward-and-backward formula,
+then the small sweep on 2 ranks (its shape; no speed asserted: the ratio is the
+benchmark's, ``python -m labsupport.bench overlap``)."""
 import pytest
 
 import labsupport as ls
-from labsupport import overlap
 from labsupport.expert_parallel import crossing
 from labsupport.bench import overlap as overlap_bench
+from labsupport import overlap
 from labsupport.expert_parallel import crossing as ep
 
 FFNS, TOKENS = [16, 64, 256, 1024], 512
 
 
-def test_the_formula_meets_the_experts_where_the_all_to_alls_take_as_long():
+def test_the_formula_meets_the_experts_where_the_step_s_all_to_alls_take_as_long():
     rows = TOKENS * ep.TOP_K                            # a balanced router
-    flops, comm_s = 1e10, 2e-3                          # 10 GFLOP/s; 2 ms of all-to-all
-    times = [(4 * rows * ep.HIDDEN * f / flops, comm_s, rows) for f in FFNS]
-    c = ep.crossing(FFNS, TOKENS, times, matmul_flops=4e10)
-    bandwidth = c.extra["sent"] / comm_s
-    assert c.extra["sent"] == 2 * TOKENS * 2 * ep.HIDDEN * 4 * 0.5   # 2 T k h e (N-1)/N
-    assert c.formula == pytest.approx(0.5 * 4 / 2 * flops / bandwidth, rel=1e-9)
+    flops, alpha, beta = 1e10, 1e-4, 1e9                # 10 GFLOP/s; 100 us, 1 GB/s
+    link = [alpha + s / beta for s in ep.LINK_BYTES]
+    step = 4 * (alpha + rows * ep.HIDDEN * 4 / beta) + alpha + 8 * ep.EXPERTS / beta
+    compute = [12 * rows * ep.HIDDEN * f / flops for f in FFNS]
+    c = ep.crossing(FFNS, TOKENS, compute, [step] * len(FFNS), [rows] * len(FFNS),
+                    link, matmul_flops=4e10)
+    assert c.extra["alpha"] == pytest.approx(alpha)
+    assert c.extra["beta"] == pytest.approx(beta)
+    assert c.extra["step_comm"] == pytest.approx(step)
+    assert c.formula == pytest.approx(step * flops / (12 * rows * ep.HIDDEN), rel=1e-6)
     assert c.measured == pytest.approx(c.formula, rel=1e-6)   # exact: straight lines
-    assert c.extra["f_matmul"] == pytest.approx(4 * c.formula)
-    assert c.extra["model"]["comm"] == [pytest.approx(comm_s)] * len(FFNS)
+    assert c.extra["f_matmul"] == pytest.approx(4 * c.formula, rel=1e-6)
+    assert c.extra["bandwidth_only"] == pytest.approx(4 / 3 * flops / beta)   # e/3 C/β
+    assert c.extra["model"]["comm"] == [pytest.approx(step)] * len(FFNS)
+
+
+def test_the_backward_lowers_the_crossing_by_a_third():
+    h100 = overlap.HARDWARE["H100"]
+    forward = overlap.ep_min_ffn(h100, 8)
+    step = overlap.ep_min_ffn(h100, 8, backward=True)
+    assert step == pytest.approx(forward * 2 / 3)
+
+
+def test_the_least_waiting_rank_is_taken_call_by_call():
+    # two ranks, one width, two runs of two calls: each call's least wait, summed
+    def rank(comm):                                     # two widths, the same calls
+        width = dict(compute=[1.0, 1.0], comm=comm, rows=1024)
+        return dict(rows=[width, dict(width, compute=[4.0, 4.0])],
+                    link=[1e-4 + s / 1e9 for s in ep.LINK_BYTES], matmul_flops=1e10)
+    by_rank = [rank([[1.0, 5.0], [2.0, 2.0]]), rank([[4.0, 1.0], [3.0, 1.0]])]
+    c = ep.summarise([64, 256], 512, by_rank)
+    assert c.comm == [pytest.approx(2.5)] * 2              # runs: 1 + 1 = 2, 2 + 1 = 3
+    assert c.compute == [1.0, 4.0]
+    assert c.extra["comm_range"] == [(2.0, 3.0)] * 2
+    slowest = c.extra["slowest_rank_comm"]
+    assert slowest == [pytest.approx(5.0)] * 2            # max(6, 5), max(4, 4)
 
 
 def test_the_small_sweep_on_two_ranks():
     assert overlap_bench.SWEEPS[9] is crossing
     try:
-        c = crossing.sweep(small=True)
+        c = crossing.sweep(small=True)      
     finally:
         ls.shutdown()
-    assert c.sizes == ep.SIZES[True]["ffns"] and len(c.compute) == len(c.comm) == len(c.sizes)
+    assert c.sizes == ep.SIZES[True]["ffns"]
+    assert len(c.compute) == len(c.comm) == len(c.sizes)
     assert min(c.compute) > 0 and min(c.comm) > 0
     assert c.compute[-1] > c.compute[0]                 # wider experts, longer compute
     assert all(r > 0 for r in c.extra["rows"]) and c.formula > 0
+    assert all(lo <= m <= hi for m, (lo, hi) in zip(c.comm, c.extra["comm_range"]))
+    assert c.extra["alpha"] >= 0 and c.extra["beta"] > 0

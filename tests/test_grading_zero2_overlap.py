@@ -17,8 +17,8 @@ import pytest
 
 import labsupport.grading.zero2_overlap as gz
 import sources
-from nbgrader_run import (assert_cell_scores, assert_exported_totals, assert_release_only,
-                          autograde)
+from labsupport import grading
+from nbgrader_run import RoundTrip
 
 ASSIGNMENT = "zero2_overlap"
 SHORT = 3.0   # s, deadline of the unit test that deadlocks on purpose
@@ -40,6 +40,10 @@ VARIANTS = {
         "        self._drain()\n        for bucket in self.buckets:\n"
         "            for p in bucket.params:\n                p.grad = None\n\n    def step")),
     "keep_buffers": ((HOOK_DRAIN, ""),),  # every bucket in flight until finish()
+    "work_keeps_buffers": ((HOOK_DRAIN, ""), (  # as above, each buffer named by its work only
+        "            self.works.append((bucket, shard, work))",
+        "            self.works.append((bucket, shard, work))\n"
+        "            bucket.grad = None                   # the work still reads it")),
     "deadlock": ((  # rank 0 waits for one gradient too many: it never sends its last bucket
         COMPLETE, "        last = self.rank == 0 and bucket is self.buckets[-1]\n"
         "        if self.arrived[id(bucket)] == len(bucket.params) + last:"),),
@@ -73,9 +77,13 @@ def test_the_reference_passes_every_check():
 
 
 def test_an_all_reduce_is_right_but_fails_the_reduce_scatter_check():
+    """... and passes the memory check: its buffers, which gloo's worker thread lets go
+    of a moment after wait() returned, are not reached by the code once drained (the
+    live-storage tally this replaced took its points in two CI runs)."""
     cls = CLASSES["all_reduce"]
     gz.check_parity(cls, world_sizes=(2,))
     assert "used all_reduce for the gradients" in fails(gz.check_reduce_scatter, cls)
+    gz.check_memory(cls)
 
 
 def test_gradients_freed_only_after_backward_fail_the_memory_check():
@@ -88,8 +96,7 @@ def test_gradients_freed_only_after_backward_fail_the_memory_check():
 
 def test_bucket_buffers_kept_until_finish_fail_the_memory_check():
     """The reference as it was: every bucket's buffer freed in finish(). Right, overlapped,
-    and after finish() nothing is left: only the tally of live storages during backward
-    sees the buffers."""
+    and after finish() nothing is left: only the count during backward sees the buffers."""
     cls = CLASSES["keep_buffers"]
     gz.check_parity(cls, world_sizes=(2,))
     gz.check_overlap(cls)
@@ -97,6 +104,25 @@ def test_bucket_buffers_kept_until_finish_fail_the_memory_check():
     text = fails(gz.check_memory, cls)
     assert "during backward, gradient data took up to" in text
     assert "Each bucket's full buffer must go once its reduce-scatter is done" in text
+
+
+def test_buffers_only_a_work_in_flight_holds_still_count():
+    """A buffer the code no longer names but whose reduce-scatter it has not waited for is
+    in use: counted as in flight until wait() returns, in the rank's own order."""
+    cls = CLASSES["work_keeps_buffers"]
+    gz.check_parity(cls, world_sizes=(2,))
+    text = fails(gz.check_memory, cls)
+    assert "Each bucket's full buffer must go once its reduce-scatter is done" in text
+
+
+def test_the_memory_counts_are_exact_and_the_same_every_step():
+    """The numbers instructors.md gives, on both ranks and in each of the 3 steps: a count
+    by reference has no noise to take the least of."""
+    runs = [c["value"] for c in grading.run(gz._train, CLASSES["reference"], 1000, gz.STEPS,
+                                            world_size=2)]
+    for run in runs:
+        assert (run["peak_grad_bytes"], run["after"]["held"]) == (41_112, 25_992)
+        assert run["steps"] == [(41_112, 25_992)] * gz.STEPS
 
 
 def test_a_deadlock_ends_at_the_deadline():
@@ -128,27 +154,14 @@ FAILED = {  # submission -> the test cells that score zero, and what their messa
 }
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+class TestNbgrader(RoundTrip):
+    assignment, cells, failed = ASSIGNMENT, CELLS, FAILED
     submissions = {s: None if s == "untouched" else {"zero2_overlap": edit(s)} for s in FAILED}
-    return autograde(ASSIGNMENT, submissions, tmp_path_factory.mktemp("course"), timeout=500)
-
-
-@pytest.mark.slow
-def test_the_student_version_has_stubs_and_no_hidden_tests(graded):
-    release = assert_release_only(graded)
-    assert "bucket_numel=1)" not in release  # the hidden bucket sizes
-    assert release.count("raise NotImplementedError()") == 3
-
-
-@pytest.mark.slow
-def test_exported_grades_are_the_expected_totals(graded):
-    assert_exported_totals(graded, CELLS, FAILED, {
-        "reference": 10, "untouched": 0, "all_reduce": 8, "free_late": 8, "keep_buffers": 8,
-        "deadlock": 0})
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("student", FAILED)
-def test_each_test_cell_scores_as_expected_with_a_helpful_message(graded, student):
-    assert_cell_scores(graded, student, CELLS, FAILED)
+    totals = {"reference": 10, "untouched": 0, "all_reduce": 8, "free_late": 8,
+              "keep_buffers": 8, "deadlock": 0}
+    stubs, hidden = 3, ("bucket_numel=1)",)  # the hidden bucket sizes
+    timeout = 500
+    # The deadlock waits for its deadlines beside the others (autograde's `beside`):
+    # its memory check counts what the student's code holds by
+    # reference (grading.held), not the allocator; no check reads a clock.
+    beside = ("deadlock",)

@@ -7,7 +7,7 @@ loss, the layer against a per-token loop, the shared decoder's MoE option
 world sizes 2 and 4: expert parallelism's outputs and the gradients of the
 input, the router and every expert equal the layer on one process (float64;
 k = 1 and 2; dropping on and off; a skewed router with an expert no token
-chooses), torch's all_to_all_single_autograd gives the hand-written
+chooses; the router's gradient non-zero in every case, k = 1 included), torch's all_to_all_single_autograd gives the hand-written
 Function's results bit for bit, and the forward's bytes on the wire are the
 formula's. And the notebook's copy of the code is the package's, character
 for character.
@@ -49,7 +49,7 @@ def _loop(layer, x, groups=1):
         taken = [0] * num_experts
         for t in group.tolist():
             g, chosen = (x[t] @ layer.router.weight.t()).softmax(-1).topk(k)
-            for gate, e in zip(g / g.sum(), chosen.tolist()):
+            for gate, e in zip(g / g.sum() if k > 1 else g, chosen.tolist()):
                 if cap is None or taken[e] < cap:
                     taken[e] += 1
                     y[t] += gate * moe.expert_mlp(x[t], layer.experts.w1[e], layer.experts.w2[e])
@@ -64,6 +64,15 @@ def test_route_keeps_the_k_largest_and_renormalises():
     assert experts.tolist() == [[1, 3]]
     torch.testing.assert_close(gates.sum(-1), torch.ones(1))
     torch.testing.assert_close(gates, probs[:, [1, 3]] / probs[:, [1, 3]].sum())
+
+
+def test_a_single_choice_is_gated_by_its_probability_and_trains_the_router():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [2.0, 0.0, 0.5, 0.0]], requires_grad=True)
+    probs, experts, gates = moe.route(logits, 1)
+    assert experts.tolist() == [[1], [0]]
+    torch.testing.assert_close(gates, probs.gather(1, experts))    # Switch, not 1
+    grad, = torch.autograd.grad(gates.sum(), logits)
+    assert grad.abs().min(dim=1).values.gt(0).all()                # every logit learns
 
 
 def test_capacity_is_megatrons_and_the_first_choices_in_token_order_are_kept():
@@ -180,6 +189,8 @@ def test_expert_parallel_equals_one_process(cluster):
         y.backward(dy)
         want = [y.detach(), x.grad, None, layer.experts.w1.grad, layer.experts.w2.grad,
                 layer.tokens_per_expert]
+        router = layer.router.weight.grad
+        assert router.abs().max() > 1e-3, f"{CASES[i]}: no router gradient"
         for j, name in enumerate(["y", "dx", "router", "w1", "w2", "rows"]):
             got = results[0][i][2] if name == "router" else torch.cat([r[i][j] for r in results])
             torch.testing.assert_close(got, layer.router.weight.grad if name == "router"

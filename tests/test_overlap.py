@@ -1,5 +1,6 @@
 # Run: .venv/bin/python -m pytest tests/test_overlap.py
 """labsupport.overlap: the cited crossings, FLOPs of the shared decoder, the crossing finders."""
+import dataclasses
 import math
 
 import pytest
@@ -15,11 +16,14 @@ H100 = overlap.HARDWARE["H100"]
 def test_the_cited_thresholds_come_out_of_the_formulas():
     # How to Scale Your Model: T > C/W, 990e12 / 450e9 = 2,200 tokens inside an
     # H100 node and 990e12 / 400e9 = 2,475 at the spine (n large, bf16 gradients).
-    assert overlap.dp_min_tokens(H100, n=10**9) == pytest.approx(2200, rel=1e-6)
+    assert overlap.dp_min_tokens(H100, n=8) / overlap.ring(8) == pytest.approx(2200)
     assert overlap.dp_min_tokens(H100, n=8) == pytest.approx(2200 * 7 / 8)
     assert overlap.dp_min_tokens(H100, n=8, grad_bytes=4) == pytest.approx(2 * 2200 * 7 / 8)
-    across = overlap.dp_min_tokens(H100, n=10**9, inside_node=False)
-    assert across == pytest.approx(990e12 / 50e9)  # one GPU's share of the node's 400 GB/s
+    # Beyond a node, a group on whole nodes: "BS > 990e12 / 400e9 = 2475" (the spine).
+    assert overlap.dp_min_tokens(H100, n=8 * 2**20) == pytest.approx(2475, rel=1e-5)
+    # One member per node (tp fills the node): each member behind its own NIC.
+    assert overlap.dp_min_tokens(H100, n=64, per_node=1) == pytest.approx(
+        63 / 64 * 990e12 / 50e9)
     # TP stops paying near F·W/C (their F = 28,000: about 11-way at W = 400 GB/s).
     assert overlap.tp_max_degree(H100, 28000) == pytest.approx(1 + 28000 * 450e9 / 990e12)
     assert overlap.zero3_min_tokens(H100, 8) == overlap.dp_min_tokens(H100, 8)
@@ -28,6 +32,81 @@ def test_the_cited_thresholds_come_out_of_the_formulas():
     assert overlap.cp_min_block(H100, causal_zigzag=True) == pytest.approx(4400)
     assert overlap.ep_min_ffn(H100, 8) == pytest.approx(2200 * 7 / 8)
     assert overlap.pp_min_hidden(H100, 4) == pytest.approx(2 * 990e12 / (24 * 4 * 450e9))
+
+
+def test_a_group_inside_one_node_runs_on_nvlink():
+    for n in (2, 4, 8):
+        assert overlap.group_bandwidth(H100, n) == H100.intra_bw
+        for pattern in overlap.PATTERNS:
+            assert overlap.group_bandwidth(H100, n, pattern=pattern) == H100.intra_bw
+
+
+def test_ring_collectives_across_nodes_use_every_nic_the_group_sits_behind():
+    # 64 ranks on 8 whole nodes: the node's 8 NICs (400 GB/s) carry its (M-1)/M
+    # share, NVLink the (g-1)/g inside; whichever level is slower sets the time.
+    def seconds(n, g, nbytes, hw=H100):        # a ring all-gather of nbytes
+        return overlap.ring(n) * nbytes / overlap.group_bandwidth(hw, n, g)
+
+    s = 1e9
+    assert seconds(64, 8, s) == pytest.approx(s * 7 / 8 / 400e9)       # NICs bind
+    # 2 nodes: the NICs carry half the buffer, B/800e9, and NVLink's B·7/(8·450e9)
+    # binds (How to Scale Your Model, GPUs, quiz 4, question 5)
+    assert seconds(16, 8, s) == pytest.approx(s * 7 / 8 / 450e9)
+    # many nodes: the ring's per-member bandwidth tends to the node's egress
+    assert overlap.group_bandwidth(H100, 8 * 4096) == pytest.approx(400e9, rel=1e-3)
+    # one member per node: one NIC each, whatever n
+    for n in (2, 8, 64):
+        assert overlap.group_bandwidth(H100, n, per_node=1) == pytest.approx(50e9)
+        assert seconds(n, 1, s) == pytest.approx((n - 1) / n * s / 50e9)
+    # 4 per node (tp = 2 fills the rest): 4 NICs, 200 GB/s out of the node
+    assert seconds(32, 4, s) == pytest.approx(s * max(3 / 4 / 450e9, 7 / 8 / 200e9))
+    # fewer NICs than members (chapter 2's A100 nodes: 8 GPUs, 4 NICs): 4 x NIC
+    a100 = overlap.Hardware("A100", 312e12, 300e9, 25e9, 8, "test", nics_per_node=4)
+    assert seconds(64, 8, s, a100) == pytest.approx(s * 7 / 8 / 100e9)
+    assert seconds(64, 2, s, a100) == pytest.approx(
+        s * max(1 / 2 / 300e9, 31 / 32 / 50e9))
+
+
+def test_the_7b_all_reduce_of_chapter_3_and_its_crossing():
+    # 7B bf16 gradients all-reduced over 64 H100s on 8 nodes: about 0.06 s, not
+    # the 0.55 s of 50 GB/s per GPU; T* = 7/8 x 2,475, about 2,170 tokens per GPU.
+    sent = 2 * overlap.ring(64) * 7e9 * 2
+    assert sent / overlap.group_bandwidth(H100, 64) == pytest.approx(0.06125)
+    assert sent / overlap.group_bandwidth(H100, 64, per_node=1) == pytest.approx(
+        sent / 50e9)
+    assert overlap.dp_min_tokens(H100, 64) == pytest.approx(7 / 8 * 990e12 / 400e9)
+    assert overlap.zero3_min_tokens(H100, 8, per_node=1) == pytest.approx(17325)
+
+
+def test_all_to_all_and_point_to_point_keep_one_nic_per_member():
+    for n, g in ((16, 8), (64, 8), (64, 1), (2, 1)):
+        for pattern in ("all_to_all", "p2p"):
+            assert overlap.group_bandwidth(H100, n, g, pattern) == H100.inter_bw
+
+
+def test_group_bandwidth_refuses_placements_that_cannot_be():
+    with pytest.raises(ValueError, match="per_node=16"):
+        overlap.group_bandwidth(H100, 64, per_node=16)      # 8 GPUs a node
+    with pytest.raises(ValueError, match="do not fill"):
+        overlap.group_bandwidth(H100, 12, per_node=8)
+    with pytest.raises(ValueError, match="pattern"):
+        overlap.group_bandwidth(H100, 8, pattern="tree")
+
+
+def test_tp_across_whole_nodes_solves_for_its_own_placement():
+    # Only the NICs binding (NVLink taken as unlimited): t* = 8 + F/2475, How to
+    # Scale Your Model's "F > 2475·(Y - 8)" for bf16 activations.
+    fast = dataclasses.replace(H100, intra_bw=1e18)
+    assert overlap.tp_max_degree(fast, 28000, inside_node=False) == pytest.approx(
+        8 + 28000 * 400e9 / 990e12, rel=1e-6)
+    # H100: for F = 28,672 the NVLink level of the 2-node ring binds first:
+    # 2F/(t·C) = e·(7/8)/450e9, t = 2F·450e9/(e·C·7/8)
+    t = overlap.tp_max_degree(H100, 28672, inside_node=False)
+    assert t == pytest.approx(2 * 28672 * 450e9 / (2 * 990e12 * 7 / 8), rel=1e-6)
+    assert 8 < t < 16
+    # a narrow MLP is communication-bound inside the node already: the same answer
+    assert overlap.tp_max_degree(H100, 4096, inside_node=False) == pytest.approx(
+        overlap.tp_max_degree(H100, 4096), rel=1e-6)
 
 
 def test_each_crossing_is_where_its_two_times_meet():

@@ -77,6 +77,62 @@ def test_placement_follows_megatrons_order_tp_cp_ep_dp_pp():
     assert not planner.placement(Layout(1, 16, 1), 8)["tp"]
 
 
+def test_members_per_node_follow_the_rank_order():
+    # tp fills the node: every other group has one member per node
+    g = planner.members_per_node(Layout(dp=16, tp=8, pp=8), 8)
+    assert g == dict(tp=8, cp=1, ep=1, dp=1, edp=1, pp=1)
+    # pure data parallelism: 8 dp ranks in each node
+    assert planner.members_per_node(Layout(64, 1, 1), 8)["dp"] == 8
+    # tp = 2, cp = 2 inside; the dp x cp group strides by 2: 4 of its members a node
+    g = planner.members_per_node(Layout(dp=4, tp=2, pp=4, cp=2), 8)
+    assert (g["tp"], g["cp"], g["dp"], g["pp"]) == (2, 2, 4, 1)
+    # experts: ep after tp, their replicas after ep (Megatron's expert order)
+    g = planner.members_per_node(Layout(dp=128, tp=1, pp=16, cp=1, ep=64), 8)
+    assert (g["ep"], g["dp"], g["edp"]) == (8, 8, 1)
+
+
+def test_each_dimension_runs_at_its_groups_bandwidth():
+    # (16, 1, 2, 2): the dp x cp group of 32 sits 8 to a node on 4 nodes: all 8 NICs
+    layout = Layout(dp=16, tp=1, pp=2, cp=2)
+    r = planner.step_time(JOB, layout, H100)
+    sent = planner.traffic(JOB, layout)
+    w = overlap.group_bandwidth(H100, 32, per_node=8)
+    assert w == pytest.approx(31 / 32 / (7 / 8 / 450e9))      # NVLink's level binds
+    assert r["comm_s"]["dp"] == pytest.approx(sent["dp"] / w)
+    assert r["comm_s"]["dp"] < sent["dp"] / H100.inter_bw / 8  # not 50 GB/s per GPU
+    # a pipeline send and ring attention's hop: one NIC (pp) or NVLink (cp)
+    assert r["comm_s"]["pp"] == pytest.approx(sent["pp"] / H100.inter_bw)
+    assert r["comm_s"]["cp"] == pytest.approx(sent["cp"] / H100.intra_bw)
+    # DeepSeek-V3's layout: dense gradients over 128 ranks on whole nodes, the
+    # experts' over 2 replicas 64 ranks apart (one NIC each), all-to-all one NIC
+    model, experts = planner.MOE_PRESETS["DeepSeek-V3"]
+    job = Job(model, 4096, 15360, experts=experts, zero=1, checkpointing="full")
+    ds = Layout(dp=128, tp=1, pp=16, cp=1, ep=64)
+    dense, routed = planner._dp_bytes(job, ds)
+    assert dense + routed == pytest.approx(planner.traffic(job, ds)["dp"])
+    got = planner.step_time(job, ds, H100)["comm_s"]
+    assert got["dp"] == pytest.approx(dense / overlap.group_bandwidth(H100, 128)
+                                      + routed / H100.inter_bw)
+    assert got["ep"] == pytest.approx(planner.traffic(job, ds)["ep"] / H100.inter_bw)
+
+
+def test_the_7b_ranking_on_64_h100s():
+    # With dp's all-reduce on whole nodes' NICs it hides behind the last
+    # micro-batch's backward, so the shallower pipelines (smaller bubble) lead;
+    # charged 50 GB/s per GPU, (4, 1, 8, 2) led and pp = 2 came nowhere near.
+    rows = planner.plan(JOB, 64, H100, 80e9)
+    order = [r["layout"] for r in rows]
+    assert order[0] == Layout(dp=16, tp=1, pp=2, cp=2)
+    assert order.index(Layout(dp=16, tp=1, pp=2, cp=2)) < order.index(
+        Layout(dp=4, tp=1, pp=8, cp=2))
+    first = rows[0]
+    assert first["exposed_s"]["dp"] == 0 and first["per_node"]["dp"] == 8
+    # the same layout charged one NIC per GPU: the reduction would show
+    last_backward = first["compute_s"] * 2 / 3 / planner.micro_batches(JOB, order[0])
+    assert first["traffic"]["dp"] / H100.inter_bw > last_backward
+    assert all(r["layout"].tp == 1 for r in rows[:7])
+
+
 def test_every_planned_layout_fits_and_the_fastest_step_comes_first():
     rows = planner.plan(JOB, 64, H100, 80e9)
     assert rows and all(r["memory"]["total"] <= 80e9 for r in rows)

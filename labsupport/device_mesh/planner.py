@@ -12,9 +12,14 @@ then replicated on dp·cp/ep ranks (Megatron's expert data parallelism,
 world / (etp·ep·pp), with the experts' tensor parallelism etp = tp, its
 default). **Rank order**: tp fastest, then cp, ep, dp, and pp slowest,
 Megatron Core's default ``order="tp-cp-ep-dp-pp"``: tensor parallelism on
-neighbouring ranks (one node), pipeline stages farthest apart. A dimension
-whose groups span more than ``gpus_per_node`` ranks runs at the inter-node
-bandwidth.
+neighbouring ranks (one node), pipeline stages farthest apart; the experts'
+replicas (expert data parallelism) vary after tp and ep, as in Megatron's
+expert decomposition. **Placement** then gives each dimension's members per
+node (``members_per_node``), and its bandwidth is ``overlap.group_bandwidth``'s,
+the book's one network model: a ring collective (tp, dp) across nodes gets
+the NICs of the members each node holds, min(g, NICs) of them shared by its
+g members (How to Scale Your Model, GPUs chapter); an all-to-all (ep) and a
+point-to-point send (cp's ring attention, pp) one NIC per member.
 
 **Memory** per device, on the fullest stage (ceil(L/pp) layers): chapter 0's
 states (``memory.model_state_bytes``) of its dense parameters over tp and its
@@ -54,9 +59,13 @@ from typing import NamedTuple
 
 from labsupport.memory import calc as memory_calc
 from labsupport.memory.tally import PRECISIONS, model_state_bytes
-from labsupport.overlap import bandwidth, ring
+from labsupport.overlap import group_bandwidth, ring
 
 ORDER = ("tp", "cp", "ep", "dp", "pp")      # Megatron Core's default, fastest-varying first
+# How each dimension communicates (overlap.PATTERNS): tp's all-gathers and
+# reduce-scatters and dp's all-reduce are rings; ep all-to-all; cp and pp send
+# to one neighbour.
+PATTERN = {"tp": "ring", "cp": "p2p", "ep": "all_to_all", "dp": "ring", "pp": "p2p"}
 # Hidden where their conditions allow: DDP's buckets (chapter 3), 1F1B's other
 # micro-batches (chapter 5), the ring's next block (chapter 6). TP and EP wait on
 # their collectives unless asked (chapter 4's f and g; chapter 9's all-to-alls).
@@ -200,19 +209,28 @@ def activation_bytes(job, layout) -> float:
 def traffic(job, layout) -> dict:
     """Bytes one device sends per step on each dimension (module docstring)."""
     dp, tp, pp, cp, ep = layout
-    m, ex, (e, g) = job.model, job.experts, PRECISIONS[job.precision][:2]
+    m, ex, e = job.model, job.experts, PRECISIONS[job.precision][0]
     n_mb, (layers, share) = micro_batches(job, layout), _stage(job, layout)
     act = job.micro * job.seq / cp * m.hidden * e            # one (b, s/cp, h) tensor
-    psi_e, k = (ex.params, ex.top_k) if ex else (0, 0)
+    k = ex.top_k if ex else 0
     moe_layers = ex.layers * share if ex else 0
     routed = job.micro * job.seq / (cp * tp) * k * m.hidden * e  # this rank's T·k rows
     ends = 2 if pp == 1 else 1                                # embedding, head
     return {"tp": n_mb * (4 * layers + ends) * 2 * ring(tp) * act,
             "cp": n_mb * layers * (6 * (cp - 1) + 2) * act / tp if cp > 1 else 0.0,
             "ep": n_mb * moe_layers * 4 * ring(ep) * routed,
-            "dp": 2 * g * share / tp * (ring(dp * cp) * (m.psi - psi_e)
-                                        + ring(dp * cp // ep) * psi_e / ep),
+            "dp": sum(_dp_bytes(job, layout)),
             "pp": n_mb * 2 * act / tp if pp > 1 else 0.0}
+
+
+def _dp_bytes(job, layout):
+    """(dense, experts): the gradient all-reduce's bytes per device, the dense
+    weights' over the dp·cp ranks, the experts' over their dp·cp/ep replicas."""
+    dp, tp, pp, cp, ep = layout
+    g, share = PRECISIONS[job.precision][1], _stage(job, layout)[1]
+    psi_e = job.experts.params if job.experts else 0
+    return (2 * g * share / tp * ring(dp * cp) * (job.model.psi - psi_e),
+            2 * g * share / tp * ring(dp * cp // ep) * psi_e / ep)
 
 
 def calls(job, layout, dp_buckets=1) -> dict:
@@ -236,11 +254,35 @@ def placement(layout, gpus_per_node) -> dict:
     return {d: size == 1 or span <= gpus_per_node for d, (size, span) in spans.items()}
 
 
+def _groups(layout) -> dict:
+    """{name: (ranks in one group, stride between its members)} in ``ORDER``;
+    "edp" is the experts' replicas (Megatron's expert data parallelism)."""
+    dp, tp, pp, cp, ep = layout
+    return {"tp": (tp, 1), "cp": (cp, tp), "ep": (ep, tp), "dp": (dp * cp, tp),
+            "edp": (dp * cp // ep, tp * ep), "pp": (pp, tp * cp * dp)}
+
+
+def members_per_node(layout, gpus_per_node) -> dict:
+    """{group: members of one of its groups in each node}: ranks numbered in
+    ``ORDER``, a group of n members a stride s apart holds gcd(n, node // s)
+    of them in a node (min(n, node // s) when the sizes are powers of 2)."""
+    return {d: math.gcd(n, max(1, gpus_per_node // stride))
+            for d, (n, stride) in _groups(layout).items()}
+
+
 def group_sizes(layout) -> dict:
     """Ranks in one call of each dimension (a ring attention step and a
     pipeline send each talk to one neighbour: 2)."""
     dp, tp, pp, cp, ep = layout
     return {"tp": tp, "cp": 2, "ep": ep, "dp": dp * cp, "pp": 2}
+
+
+def bandwidths(layout, hw) -> dict:
+    """{group: bytes/s each member sends at} (``overlap.group_bandwidth`` for
+    the group's size, its members per node and its pattern)."""
+    g = members_per_node(layout, hw.gpus_per_node)
+    return {d: group_bandwidth(hw, n, g[d], PATTERN["dp" if d == "edp" else d])
+            for d, (n, _) in _groups(layout).items()}
 
 
 def step_flops(job) -> float:
@@ -266,10 +308,13 @@ def step_time(job, layout, hw, overlapped=OVERLAPPED, alpha=0.0, dp_buckets=1) -
     devices, flops = layout.dp * layout.tp * layout.pp * layout.cp, step_flops(job)
     compute = flops / (devices * hw.flops) * _stage(job, layout)[1] * layout.pp
     n_mb = micro_batches(job, layout)
-    inside, sent = placement(layout, hw.gpus_per_node), traffic(job, layout)
-    n_calls = calls(job, layout, dp_buckets)
+    sent, n_calls = traffic(job, layout), calls(job, layout, dp_buckets)
     latency = alpha if callable(alpha) else (lambda n: alpha)
-    comm = {d: sent[d] / bandwidth(hw, inside[d]) + n_calls[d] * latency(size)
+    w = bandwidths(layout, hw)
+    dense, experts = _dp_bytes(job, layout)
+    seconds = {d: sent[d] / w[d] for d in ORDER if d != "dp"}
+    seconds["dp"] = dense / w["dp"] + experts / w["edp"]
+    comm = {d: seconds[d] + n_calls[d] * latency(size)
             for d, size in group_sizes(layout).items()}
     _, attention, experts = _per_token(job)
     behind = {"dp": compute * 2 / 3 / n_mb, "cp": compute * attention,
@@ -285,7 +330,8 @@ def plan(job, devices, hw, device_bytes, overlapped=OVERLAPPED, alpha=0.0,
          dp_buckets=1) -> list:
     """Every layout that runs ``job`` on ``devices`` and fits in ``device_bytes``,
     fastest step first. Each row: layout, memory, traffic (bytes by dimension),
-    inside (by dimension: within a node), and ``step_time``'s keys."""
+    inside (by dimension: within a node), per_node (members per node), bandwidth
+    (bytes/s per member, by group) and ``step_time``'s keys."""
     if devices < 1 or device_bytes <= 0:
         raise ValueError(f"devices={devices} and device_bytes={device_bytes} must be > 0")
     rows = []
@@ -296,5 +342,7 @@ def plan(job, devices, hw, device_bytes, overlapped=OVERLAPPED, alpha=0.0,
         if memory["total"] <= device_bytes:
             rows.append(dict(layout=layout, memory=memory, traffic=traffic(job, layout),
                              inside=placement(layout, hw.gpus_per_node),
+                             per_node=members_per_node(layout, hw.gpus_per_node),
+                             bandwidth=bandwidths(layout, hw),
                              **step_time(job, layout, hw, overlapped, alpha, dp_buckets)))
     return sorted(rows, key=lambda r: r["step_s"])

@@ -1,17 +1,21 @@
 """Mixture of experts and expert parallelism, as chapter 9 writes them.
 
-    layer = moe.MoE(16, 32, num_experts=8, top_k=2, capacity_factor=1.25)
+    layer = moe.MoE(hidden=16, ffn=32, num_experts=8, top_k=2,
+                    capacity_factor=1.25)
     y = layer(x)                   # (..., h): one process, every expert here
     layer.aux_loss                 # Switch Transformer's load-balancing loss
     ep = moe.ExpertParallelMoE(layer)   # on a rank: router, E/N experts
     y_mine = ep(x_mine)            # all-to-all dispatch, experts, combine
 
-Rank r of N holds experts r*E/N .. (r+1)*E/N - 1, routes its own tokens, drops
-what capacity refuses (per group: one rank's tokens; ``MoE(groups=N)`` does
-the same on one process), and sends each kept (token, expert) row to the
-expert's rank and back. T tokens, h features, E experts, k choices each. The
-code between the markers is chapter 9's, character for character
-(tests/test_moe.py); the shared decoder and the benchmark use it.
+Rank r of N holds experts r*E/N .. (r+1)*E/N - 1. Each rank routes its own
+tokens, drops what its experts' capacity refuses (capacity per group of tokens:
+the tokens one rank routes; ``MoE(groups=N)`` applies the same rule on one
+process), sends each kept (token, expert) row to the expert's rank, and gets
+the results back. Shapes: T tokens, h features, E experts, k choices each.
+
+The code between the markers is chapter 9's, character for character
+(tests/test_moe.py); the shared decoder (``models.GPT(cfg, moe=MoE)``) and the
+benchmark use it.
 """
 import math
 
@@ -26,14 +30,19 @@ from labsupport.context_parallel.ring_attention import timed
 
 
 def route(logits, top_k):
-    """Softmax over the E experts, keep the k largest, renormalise them.
+    """Softmax over the E experts, keep the k largest; for k > 1 renormalise.
 
     Returns the probabilities (T, E), which the load-balancing loss reads,
-    the chosen experts (T, k) and their gates (T, k), which sum to 1.
+    the chosen experts (T, k) and their gates (T, k): for k > 1 they sum to
+    1 (Mixtral); for k = 1 the gate is the probability itself (Switch
+    Transformer, arXiv 2101.03961, §2.1), since a renormalised single gate
+    is always 1 and gives the router no gradient.
     """
     probs = logits.softmax(dim=-1)                           # (T, E)
     gates, experts = probs.topk(top_k, dim=-1)               # (T, k) each
-    return probs, experts, gates / gates.sum(dim=-1, keepdim=True)
+    if top_k > 1:
+        gates = gates / gates.sum(dim=-1, keepdim=True)
+    return probs, experts, gates
 
 
 def capacity(num_tokens, top_k, num_experts, factor):
@@ -149,6 +158,8 @@ class MoE(nn.Module):
     expert cannot take from each of ``groups`` equal groups of tokens (N:
     what N ranks would drop); None keeps every token. After each forward,
     ``aux_loss`` and ``tokens_per_expert`` (kept rows) describe the routing.
+    ``route``: the routing rule, fn(logits, top_k) -> (probs, experts,
+    gates); ``route`` unless replaced (the chapter's aux-loss-free routing).
     """
 
     def __init__(self, hidden, ffn, num_experts, top_k=2,
@@ -158,13 +169,13 @@ class MoE(nn.Module):
         self.router = nn.Linear(hidden, num_experts, bias=False)
         self.experts = Experts(num_experts, hidden, ffn)
         self.top_k, self.capacity_factor = top_k, capacity_factor
-        self.groups = groups
+        self.groups, self.route = groups, route
         self.aux_loss = self.tokens_per_expert = None
 
     def forward(self, x):                                    # (..., h)
         tokens = x.reshape(-1, x.shape[-1])                  # (T, h)
         num_experts = self.router.out_features
-        probs, experts, gates = route(self.router(tokens), self.top_k)
+        probs, experts, gates = self.route(self.router(tokens), self.top_k)
         keep = torch.cat([keep_mask(e, num_experts, capacity(
             len(e), self.top_k, num_experts, self.capacity_factor))
             for e in experts.tensor_split(self.groups)])
@@ -272,12 +283,13 @@ class ExpertParallelMoE(nn.Module):
             self.experts.w1.copy_(moe.experts.w1[mine])
             self.experts.w2.copy_(moe.experts.w2[mine])
         self.top_k, self.capacity_factor = moe.top_k, moe.capacity_factor
+        self.route = moe.route                   # the layer's routing rule
         self.group, self.all_to_all, self.tl = group, all_to_all, None
 
     def forward(self, x):                                    # (..., h)
         tokens = x.reshape(-1, x.shape[-1])                  # (T, h)
         num_experts = self.router.out_features
-        probs, experts, gates = route(self.router(tokens), self.top_k)
+        probs, experts, gates = self.route(self.router(tokens), self.top_k)
         keep = keep_mask(experts, num_experts, capacity(
             len(tokens), self.top_k, num_experts, self.capacity_factor))
         self.aux_loss = load_balancing_loss(probs, experts, num_experts)

@@ -8,6 +8,8 @@
 - ``diagnosis``: running on the ranks with a deadline (``TIMEOUT``) and turning
   an exception or a hang into advice;
 - ``deadlock``: which message each stuck rank waited for, from its ``p2p_log``;
+- ``held``: what a student's code holds by reference, the memory count of
+  assignments 4 and 5 (the same under any load, unlike a tally of live storages);
 - one module per assignment, named after its folder in
   notebooks/assignments/source (``ls.grading.<folder>``, imported on first
   use): see ``_CHECKS``; the chapters' your-turn checks in ``chapters``.

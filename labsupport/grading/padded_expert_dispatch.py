@@ -137,7 +137,8 @@ def _assert_output(name, y, want, rank, n, top_k, factor):
                  "dropped choice adds nothing.")
     else:
         text += (" y[t] is the sum over t's kept choices of gate x expert(x[t]), the gates "
-                 "renormalised over the k chosen experts (moe.route gives them).")
+                 "moe.route gives (renormalised over the k chosen for k > 1, the "
+                 "probability itself for k = 1).")
     raise AssertionError(text)
 
 

@@ -12,30 +12,35 @@ The student's class is ``Zero2Overlap(model, bucket_numel, **adamw)`` with
 ``shard_numel``, ``param_shard`` and ``grad``. Every check runs it on the
 ranks through ``labsupport.grading.run``, so a deadlock ends at the
 grading deadline with an AssertionError saying where each rank was stuck.
-The calls are those of ``labsupport.calls``; the gradient memory is a tally
-of live storages (``memory.PeakTally``): every ``.grad`` autograd makes and
-everything the student's hooks and ``finish()`` allocate, counted until it
-is freed, so a buffer that only a collective's work still holds counts; of
-the steps' backward peaks the lowest is judged, and of what each step's
-``finish()`` left, read SETTLE_S after it returned, the least (``_train``).
+The calls are those of ``labsupport.calls``. The gradient memory is what
+the student's code holds BY REFERENCE (``GradientRefs``), counted at fixed
+points of the step (before and after the student's hook for each gradient,
+and once ``finish()`` returned): the distinct storages reachable from the
+student's object, its hooks and every parameter's ``.grad``
+(``labsupport.grading.held``), plus the tensors of its asynchronous
+collectives not yet waited for, less those reachable just before backward
+(parameters, buffers, optimizer state). Python's references change only as
+the rank's own code runs, so the count is the same on an idle machine and a
+loaded one: when gloo's worker thread lets go of a finished work's tensors (a
+moment after ``wait()`` returns) does not enter it.
 ZeRO: Rajbhandari et al. 2020 (arXiv 1910.02054), §5.2 (P_g: "we use a
 bucketization strategy ... reduce-scatter").
 """
-import time
+import inspect
 
 import torch
 import torch.distributed as dist
 
-from labsupport import calls, models
+from labsupport import _patch, calls, models
 from labsupport.memory import tally as memory
 from labsupport.grading import checks as grading
+from labsupport.grading import held
 
 CFG = models.GPTConfig(vocab_size=37, seq_len=8, hidden=15, heads=3, layers=2)  # Ψ odd
 STEPS, BATCH = 3, 8
 ADAMW = dict(lr=1e-2, weight_decay=0.1)
 TOL = dict(rtol=1e-9, atol=1e-9)  # fp64: another order of additions, magnified by Adam
 IN_FLIGHT = 2  # buckets whose full gradient may be alive at once: one reduced, one filling
-SETTLE_S = 0.05  # s after finish(): for gloo's worker thread to free a finished work's tensors
 
 
 def new_model():
@@ -58,28 +63,124 @@ def reference(steps=STEPS) -> list:
     return [p.detach() for p in model.parameters()]
 
 
-class GradTally:
-    """Bytes of the storages that hold gradient data on this rank, live and at their
-    peak: each .grad as backward makes it, and what the student's gradient hooks and
-    finish() allocate (bucket buffers, shards), each until it is freed."""
+class _InFlight:
+    """The tensors of this rank's asynchronous collectives not waited for yet: in use by
+    the collective, whether or not the student's code still names them. A work leaves
+    when ``wait()`` returns or ``is_completed()`` says True, in the rank's own order."""
 
-    def __init__(self, params):
-        self.params, self.tally = params, memory.PeakTally()
-        self.tally.counting, self.peak, self.most_grads = False, 0, 0
+    def __init__(self):
+        self.tensors: dict[int, list] = {}   # id of the work -> its tensor arguments
+
+    def wrappers(self) -> dict:
+        return {name: self._wrap(name, _patch.current(name))
+                for name in calls.COLLECTIVES}
+
+    def _wrap(self, name, fn):
+        signature = inspect.signature(fn)
+
+        def tracked(*args, **kwargs):
+            work = fn(*args, **kwargs)
+            if work is None or not hasattr(work, "wait"):
+                return work                  # blocking: done when it returned
+            bound = signature.bind(*args, **kwargs).arguments.values()
+            tensors = [t for v in bound
+                       for t in (v if isinstance(v, (list, tuple)) else [v])
+                       if isinstance(t, torch.Tensor)]
+            return _TrackedWork(work, self, tensors)
+        tracked.__wrapped__, tracked.__name__ = fn, fn.__name__
+        return tracked
+
+
+class _TrackedWork:
+    """A collective's work as the student sees it; ``wait()`` marks it done."""
+
+    def __init__(self, work, in_flight, tensors):
+        self._work, self._in_flight = work, in_flight
+        in_flight.tensors[id(self)] = tensors
+
+    def wait(self, *args, **kwargs):
+        result = self._work.wait(*args, **kwargs)
+        self._in_flight.tensors.pop(id(self), None)
+        return result
+
+    def is_completed(self):
+        done = self._work.is_completed()
+        if done:
+            self._in_flight.tensors.pop(id(self), None)
+        return done
+
+    def get_future(self):
+        return _TrackedFuture(self._work.get_future(), self._in_flight, id(self))
+
+    def __getattr__(self, name):  # exception(), result(), ...
+        return getattr(self._work, name)
+
+
+class _TrackedFuture:
+    """A tracked work's future: waited for, or seen done, its work is no longer in flight."""
+
+    def __init__(self, future, in_flight, key):
+        self._future, self._in_flight, self._key = future, in_flight, key
+
+    def _seen(self, result):
+        self._in_flight.tensors.pop(self._key, None)
+        return result
+
+    def wait(self):
+        return self._seen(self._future.wait())
+
+    def value(self):
+        return self._seen(self._future.value())
+
+    def done(self):
+        return self._seen(True) if self._future.done() else False
+
+    def __getattr__(self, name):  # then(), add_done_callback(), ...
+        return getattr(self._future, name)
+
+
+class GradientRefs:
+    """Bytes of gradient data the student's code holds by reference on this rank.
+
+    ``count()`` walks (``held.reachable``) from the student's object and its
+    class, the hooks on the parameters, every parameter's ``.grad`` and the
+    tensors of the collectives in flight, and adds up the distinct storages it
+    reaches that are gradient data: first reached by ``count()`` (during
+    backward or after ``finish()``), not by ``snapshot()`` (just before
+    backward: parameters, buffers, optimizer state). When a storage is freed
+    never enters the count, only whether the student's code still reaches it.
+    """
+
+    def __init__(self, zero, params, in_flight):
+        self.zero, self.params, self.in_flight = zero, params, in_flight
+        self.held = held.Held(skip=(self,))
+        self.peak, self.most_grads = 0, 0
+
+    def _roots(self) -> list:
+        roots = [self.zero, type(self.zero).__dict__,
+                 list(self.in_flight.tensors.values())]
+        for p in self.params:
+            roots += [p, p.grad, list(p._post_accumulate_grad_hooks.values())]
+        return roots
+
+    def snapshot(self):
+        """Before backward: what is reachable now and not yet gradient data is not."""
+        self.held.snapshot(self._roots())
+
+    def count(self) -> int:
+        """Bytes of gradient data reachable now."""
+        return self.held.count(self._roots())
 
     def before_hook(self, param):  # registered before the student's hook: runs first
-        self.tally.add([param.grad])
-        self.tally.counting = True
+        self.peak = max(self.peak, self.count())
 
     def after_hook(self, param):   # registered after it
-        self.tally.counting = False
-        self.peak = max(self.peak, self.tally.peak, self.tally.live)
-        self.most_grads = max(self.most_grads, sum(p.grad is not None for p in self.params))
+        self.peak = max(self.peak, self.count())
+        grads = sum(p.grad is not None for p in self.params)
+        self.most_grads = max(self.most_grads, grads)
 
     def restart_peak(self) -> int:
-        """The peak so far; the next one starts from what is live now."""
         peak, self.peak = self.peak, 0
-        self.tally.peak = self.tally.live
         return peak
 
 
@@ -88,47 +189,42 @@ def _train(cls, bucket_numel, steps) -> dict:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model = new_model()
     params = list(model.parameters())
-    grads = GradTally(params)
+    in_flight = _InFlight()
+    grads = GradientRefs(None, params, in_flight)
     for p in params:
         p.register_post_accumulate_grad_hook(grads.before_hook)
-    zero = cls(model, bucket_numel, **ADAMW)
-    for p in params:
-        p.register_post_accumulate_grad_hook(grads.after_hook)
-    # The lowest step's peak, and the least left after finish(): what the code keeps, it
-    # keeps every step; a finished work's buffer that gloo's worker thread lets go of a
-    # moment after wait() returned (it needs the GIL to free it) inflates a step now and then.
-    backward_peaks, left = [], []
-    with calls.record() as log:
-        for step in range(steps):
-            start = len(log.calls)                # the last step's calls are returned
-            ids, targets = (models.shard(t, rank, world_size) for t in batch(step))
-            loss = model(ids, targets)
-            grads.restart_peak()
-            with grads.tally:
+    with _patch.patched(in_flight.wrappers()):
+        grads.zero = zero = cls(model, bucket_numel, **ADAMW)
+        for p in params:  # the student's hooks run between the two
+            p.register_post_accumulate_grad_hook(grads.after_hook)
+        backward_peaks, left = [], []   # the most of any step: each must stay within
+        with calls.record() as log:
+            for step in range(steps):
+                start = len(log.calls)            # the last step's calls are returned
+                ids, targets = (models.shard(t, rank, world_size) for t in batch(step))
+                loss = model(ids, targets)
+                grads.snapshot()                  # optimizer state, made by step()
                 loss.backward()
-            backward_peaks.append(grads.restart_peak())
-            with grads.tally:
-                grads.tally.counting = True       # what finish() keeps is gradient data
+                backward_peaks.append(grads.restart_peak())
                 zero.finish()
-                grads.tally.counting = False
-            time.sleep(SETTLE_S)                  # GIL released: gloo's thread lets go
-            left.append(grads.tally.live)
-            after = _after_finish(zero, params, min(left))
-            zero.step()
+                left.append(grads.count())
+                after = _after_finish(zero, params)
+                zero.step()
     buckets = [dict(numel=b.numel, padded=b.data.numel(), shard=b.shard_numel)
                for b in zero.buckets]
     return dict(params=[p.detach().clone() for p in params], calls=log.calls[start:],
-                peak_grad_bytes=min(backward_peaks), most_grads=grads.most_grads, after=after,
-                buckets=buckets, max_param_bytes=max(p.numel() for p in params) * 8)
+                peak_grad_bytes=max(backward_peaks), most_grads=grads.most_grads,
+                after=dict(after, held=max(left)), buckets=buckets,
+                steps=list(zip(backward_peaks, left)),
+                max_param_bytes=max(p.numel() for p in params) * 8)
 
 
-def _after_finish(zero, params, live) -> dict:
+def _after_finish(zero, params) -> dict:
     """What the rank still holds once finish() returned."""
     return dict(param_grads=[tuple(p.shape) for p in params if p.grad is not None],
                 bucket_grads=[i for i, b in enumerate(zero.buckets)
                               if getattr(b, "grad", None) is not None],
-                shard_grads=[memory.storage_bytes([b.param_shard.grad]) for b in zero.buckets],
-                live=live)
+                shard_grads=[memory.storage_bytes([b.param_shard.grad]) for b in zero.buckets])
 
 
 def _runs(cls, world_sizes, bucket_numel, timeout):
@@ -228,10 +324,11 @@ def _assert_freed_after_finish(run, rank, n):
             f"memory.storage_bytes); expected {shards}: bucket.param_shard.grad "
             "must be a tensor of its own, the mean of this rank's shard only (a "
             "view into the full bucket keeps the whole bucket alive).")
-    if after["live"] > sum(shards):
+    if after["held"] > sum(shards):
         raise AssertionError(
-            f"rank {rank} of {n}: after finish(), {after['live']:,} bytes of gradient "
-            f"data are still alive, more than this rank's shards ({sum(shards):,} bytes): "
+            f"rank {rank} of {n}: after finish(), your code still reaches "
+            f"{after['held']:,} bytes of gradient data, more than this rank's shards "
+            f"({sum(shards):,} bytes): "
             "something still holds a full gradient buffer (a list or a dict of them, a "
             "copy): free every buffer once its reduce-scatter is done.")
 
@@ -243,9 +340,9 @@ def _assert_backward_peak(run, rank, n):
     if run["peak_grad_bytes"] <= bound:
         return
     head = (f"rank {rank} of {n}: during backward, gradient data took up to "
-            f"{run['peak_grad_bytes']:,} bytes (every .grad, bucket buffer and shard alive "
-            f"at once, counted from live storages), more than {min(IN_FLIGHT, len(buckets))} "
-            f"buckets, one parameter's .grad and this rank's shards ({bound:,} bytes). ")
+            f"{run['peak_grad_bytes']:,} bytes (every .grad, bucket buffer and shard your "
+            "code held at once, counted by reference), more than "
+            f"{min(IN_FLIGHT, len(buckets))} buckets, one parameter's .grad and this rank's shards ({bound:,} bytes). ")
     if run["most_grads"] > 1:
         raise AssertionError(head + f"Up to {run['most_grads']} parameters held a .grad at "
                              "once: free each .grad in the hook, as soon as it is copied "

@@ -1,7 +1,7 @@
 """The harness of assignment 3 (the zero-bubble pipeline): F, B and W on chapter 5's messages.
 
-    grading.run(zero_bubble.Step(name, schedule, (input_grad, weight_grad), m, unit))
-    grading.run(zero_bubble.Step(name, schedule, None, m, unit))  # B and W by autograd
+    grading.run(zero_bubble.Step(name, schedule, (input_grad, weight_grad), m))
+    grading.run(zero_bubble.Step(name, schedule, None, m))  # B and W by autograd
 
 Zero Bubble Pipeline Parallelism (Qi, Wan, Huang & Lin, arXiv 2401.10241,
 ICLR 2024) splits a stage's backward in two: **B**, the gradient with respect
@@ -19,20 +19,19 @@ from the ideal machine, each batch posted once its sends are made,
 Linear layers run on detached weights, so that autograd can only give
 dL/dx and each layer's dL/dz, and W must compute the weight gradients
 itself. Without them (``fns=None``: the checks that grade the schedule
-alone, and 1F1B's timed run) autograd does both halves, on the weights
-themselves: B takes dL/dx and keeps the graph, W takes the weights'
-gradients from it.
+alone) autograd does both halves, on the weights themselves: B takes
+dL/dx and keeps the graph, W takes the weights' gradients from it.
 
-Timing on 2 shared cores: every F, B and W is padded with a sleep to
-``UNIT`` seconds (a fused 1F1B backward to 2 units), so a rank's compute
-takes the same time whatever else the machine runs, and the recorded idle
-fraction measures the *schedule* (plus message latency), not the load.
-book/instructors.md says why and what margin the checks need. The checks
-are in ``labsupport.grading.zero_bubble_pipeline``.
+What ran is recorded, not timed: each rank's calls in the order they ran
+(``ran``), the messages each call received before it computed
+(``received``: call -> [(stage, mb, grad), ...]) and the call whose result
+each message it sent carries (``made``). The grader plays that record in
+units (``pipeline_sim.play``), so its idle fraction is the schedule's as
+it ran, and no clock or load enters it. The checks are in
+``labsupport.grading.zero_bubble_pipeline``.
 """
 import contextlib
 import threading
-import time
 
 import torch
 import torch.distributed as dist
@@ -42,10 +41,10 @@ from torch import nn
 from labsupport import models
 from labsupport.pipeline import pipeline
 from labsupport.pipeline import sim as pipeline_sim
+from labsupport.grading.diagnosis import name_of
 
 MODEL_KW = dict(d_in=32, width=64, depth=9, d_out=8, seed=0)
 ROWS = 8  # samples per micro-batch
-UNIT = 0.02  # s, the time of every F, B and W in the timed runs
 
 
 # -- the order the assignment improves on ---------------------------------------------
@@ -67,24 +66,32 @@ def train_step_1f1b_split(pp):
 # -- on the ranks -----------------------------------------------------------------------
 
 class ZBRank(pipeline.PipelineRank):
-    """Chapter 5's PipelineRank with F, B and W, each padded to ``unit`` seconds.
+    """Chapter 5's PipelineRank with F, B and W, and a record of what ran.
 
     ``fns``: the student's (input_grad, weight_grad), or None for autograd's.
+    ``ran``: the calls in the order they ran; ``received[call]``: the messages
+    (stage, mb, grad) it waited for; ``made[message]``: the call it carries.
+    (``waited`` is chapter 5's count of batches waited for.)
     """
 
-    def __init__(self, stages, x, y, m, hidden, plan, fns, unit):
+    def __init__(self, stages, x, y, m, hidden, plan, fns):
         super().__init__(stages, x, y, m, hidden, plan)
-        self.fns, self.unit, self.wstash, self.ran = fns, unit, {}, []
+        self.fns, self.wstash = fns, {}
+        self.ran, self.received, self.made, self.inbox = [], {}, {}, []
 
     @contextlib.contextmanager
-    def compute(self, name, s, i, units=1):
-        start = self.tl.now()  # the device's clock (labsupport.timing)
-        yield
-        rest = units * self.unit - (self.tl.now() - start)
-        if rest > 0:
-            time.sleep(rest)
-        self.tl.record("compute", name, start, self.tl.now(), mb=i, stage=s)
+    def compute(self, name, s, i):
+        """One call's computation; it waited for the messages received since
+        the last call."""
+        with self.tl.span("compute", name, mb=i, stage=s):
+            yield
+        self.received[name, s, i], self.inbox = self.inbox, []
         self.ran.append((name, s, i))
+
+    def send(self, tensor, stage, i, grad=False):
+        """Chapter 5's send of the result of the call that ran last."""
+        self.made[stage, i, grad] = self.ran[-1]
+        pipeline.send(self, tensor, stage, i, grad)
 
     def forward(self, s, i):
         last = s == self.num_stages - 1
@@ -104,7 +111,7 @@ class ZBRank(pipeline.PipelineRank):
         if last:
             self.losses.append(y.detach())
         else:
-            pipeline.send(self, y, s + 1, i)
+            self.send(y, s + 1, i)
         self.stash[s, i] = (x, y, layers)
         self.peak = max(self.peak, len(self.stash) + len(self.wstash))
 
@@ -114,7 +121,7 @@ class ZBRank(pipeline.PipelineRank):
         with self.compute("B", s, i):
             dx, for_w = self._input_grad(s, x, y, dy, layers)
         if s > 0:
-            pipeline.send(self, dx, s - 1, i, grad=True)
+            self.send(dx, s - 1, i, grad=True)
         self.wstash[s, i] = for_w
 
     def backward_weight(self, s, i):
@@ -126,14 +133,16 @@ class ZBRank(pipeline.PipelineRank):
             self._weight_grad(s, i, for_w)
 
     def backward(self, s, i):
-        """The chapter's backward, B and W at once (2 units); dx sent after both."""
+        """The chapter's backward: B and W at once, dx sent after both (so its
+        message carries W's end: the previous stage waits for both)."""
         x, y, layers = self.stash.pop((s, i))
         dy = None if s == self.num_stages - 1 else self.recv(s, i, grad=True)
-        with self.compute("B", s, i, units=2):
+        with self.compute("B", s, i):
             dx, for_w = self._input_grad(s, x, y, dy, layers)
+        with self.compute("W", s, i):
             self._weight_grad(s, i, for_w)
         if s > 0:
-            pipeline.send(self, dx, s - 1, i, grad=True)
+            self.send(dx, s - 1, i, grad=True)
 
     def _input_grad(self, s, x, y, dy, layers):
         """B: (dL/dx, what W needs): the student's dL/dz's, or autograd's kept graph."""
@@ -142,7 +151,7 @@ class ZBRank(pipeline.PipelineRank):
             return dx, (y, dy)
         before = self._grads(s)
         dx, dzs = self.fns[0](x, y, dy, [z for _, _, z in layers])
-        _check_b(_name(self.fns[0]), self._grads(s), before, s, layers, dx, dzs, x)
+        _check_b(name_of(self.fns[0]), self._grads(s), before, s, layers, dx, dzs, x)
         return dx, (layers, list(dzs))
 
     def _weight_grad(self, s, i, for_w):
@@ -155,7 +164,7 @@ class ZBRank(pipeline.PipelineRank):
         with torch.no_grad():
             self.fns[1](*for_w)
         if all(torch.equal(a, b) for a, b in zip(self._grads(s), before)):
-            raise AssertionError(f"{_name(self.fns[1])} left every .grad of stage {s} "
+            raise AssertionError(f"{name_of(self.fns[1])} left every .grad of stage {s} "
                                  f"unchanged (micro-batch {i}): W must add dz^T h and "
                                  "dz.sum(0) into each Linear's weight.grad and bias.grad")
 
@@ -165,7 +174,9 @@ class ZBRank(pipeline.PipelineRank):
         pipeline.post_ready(self)
         if (s, i, grad) not in self.posted:
             threading.Event().wait()  # the deadline stops this rank
-        return pipeline.recv(self, s, i, grad)
+        buffer = pipeline.recv(self, s, i, grad)
+        self.inbox.append((s, i, grad))  # the next call to compute waited for it
+        return buffer
 
     def _grads(self, s):
         return [q.grad.clone() for q in self.stages[s].parameters()]
@@ -174,9 +185,6 @@ class ZBRank(pipeline.PipelineRank):
 def _leaves(module):
     return [mod for mod in module.modules() if not list(mod.children())]
 
-
-def _name(fn) -> str:
-    return getattr(fn, "__name__", None) or "the function"
 
 
 def _check_b(name, after, before, s, layers, dx, dzs, x):
@@ -199,25 +207,26 @@ class Step:
     ``fns``: the student's (input_grad, weight_grad), or None for autograd's B and W.
     """
 
-    def __init__(self, name, schedule, fns, m, unit):
-        self.__name__, self.args = name, (schedule, fns, m, unit)
+    def __init__(self, name, schedule, fns, m):
+        self.__name__, self.args = name, (schedule, fns, m)
 
     def __call__(self):
-        schedule, fns, m, unit = self.args
+        schedule, fns, m = self.args
         p = dist.get_world_size()
         model = models.DeepMLP(**MODEL_KW)
         for q in model.parameters():
             q.grad = torch.zeros_like(q)
         x, y = data(m)
         pp = ZBRank(pipeline.split_stages(model, p), x, y, m, MODEL_KW["width"],
-                    _plan(schedule, p, m), fns, unit)
+                    _plan(schedule, p, m), fns)
         dist.barrier()  # start the step together
         schedule(pp)
         pipeline.wait_for(pp, len(pp.batches))  # the step's last sends too
         own = {id(q) for stage in pp.stages.values() for q in stage.parameters()}
         grads = {n: q.grad for n, q in model.named_parameters() if id(q) in own}
         loss = torch.stack(pp.losses).sum() if pp.losses else None
-        return dict(grads=grads, loss=loss, events=pp.tl.events, peak=pp.peak, ran=pp.ran)
+        return dict(grads=grads, loss=loss, peak=pp.peak, ran=pp.ran, received=pp.received,
+                    made=pp.made)
 
 
 def _plan(schedule, p, m):

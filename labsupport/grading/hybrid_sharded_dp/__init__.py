@@ -23,7 +23,9 @@ unit, the whole model. Every check runs the given ``train_step`` on 4 ranks
 through ``labsupport.grading.run`` (a deadlock ends at the deadline,
 explained), after the ranks have compared the groups they ask ``new_group``
 for (``placement.plan``), with the calls recorded by ``labsupport.calls`` and
-the memory by a tally of live storages (``memory.PeakTally``).
+the memory by what the student's code still reaches by reference after the steps
+(``labsupport.grading.held``: the same count on an idle machine and a loaded
+one, whenever gloo's worker thread lets go of a finished work's buffers).
 """
 import torch
 import torch.distributed as dist
@@ -33,6 +35,7 @@ from torch import nn
 from labsupport import calls, models
 from labsupport.memory import tally as memory
 from labsupport.grading import checks as grading
+from labsupport.grading import held
 from labsupport.grading.hybrid_sharded_dp import placement
 from labsupport.grading.hybrid_sharded_dp.placement import (  # noqa: F401 - the notebook's
     EDGE_PLACEMENTS, PLACEMENTS, crossing, describe, expected_groups, order_problem, shape)
@@ -103,19 +106,26 @@ def hsdp_training(make_groups, cls, node_of):
         return dict(groups=groups)
     model = new_model()
     hsdp = cls(model, shard_group, replicate_group)
-    made = memory.PeakTally()                  # storages made during the steps, live
+    made = held.Held()                         # what the steps made and the code keeps:
+    made.snapshot(_roots(hsdp, model))         # not what the constructor made
     with calls.record() as log:
         for step in range(STEPS):
-            with made:
-                train_step(model, hsdp, *data(step), LR)
+            train_step(model, hsdp, *data(step), LR)
     kept = dict(full=memory.storage_bytes(model.parameters()),
                 grads=memory.storage_bytes(p.grad for p in model.parameters()),
-                shards=memory.storage_bytes(getattr(hsdp, "shards", [])), made=made.live)
+                shards=memory.storage_bytes(getattr(hsdp, "shards", [])),
+                made=made.count(_roots(hsdp, model)))
     hsdp.gather()                              # the full parameters, to compare
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return dict(groups=groups, params=params, kept=kept,
                 calls=[{k: c[k] for k in ("op", "ranks", "nbytes")} for c in log.calls
                        if c["kind"] == "collective"])
+
+
+def _roots(hsdp, model) -> list:
+    """Where the student's code keeps what it keeps: its object, its class, the model
+    (parameters, their .grad, buffers, attributes)."""
+    return [hsdp, type(hsdp).__dict__, model]
 
 
 def _ranks(group) -> tuple:
@@ -289,7 +299,8 @@ def check_memory(make_groups, cls, placements=PLACEMENTS, *, timeout=None):
                     "each shard a tensor of its own (a view keeps the whole flat copy).")
             if k["made"] > 2 * shard_bytes:
                 raise AssertionError(
-                    where + f"{k['made']:,} B made during the steps are still alive, more "
+                    where + f"{k['made']:,} B made during the steps are still held by your "
+                    "code (reached from your object or the model), more "
                     f"than a rank's gradient shards and a second copy of its parameter "
                     f"shards (2·Ψ'/S·8 = {2 * shard_bytes:,} B): a full parameter or "
                     "gradient is still kept somewhere.")
