@@ -134,13 +134,19 @@ def diagnose(outs, ref, step, name, layout):
         scale = b.abs().max().item() or 1.0
         return (a - b).abs().max().item() / scale < GRAD_RTOL * 10
 
-    sizes = {n: len(gs[0]) for n, gs in groups.items() if len(gs[0]) > 1}
-    for n, size in sorted(sizes.items(), key=lambda kv: kv[1]):
+    sizes = {n: len(gs[0]) for n, gs in groups.items() if len(gs[0]) > 1
+             and not (n == "dp_cp" and min(layout.dp, layout.cp) == 1)}  # = dp or cp
+    for size in sorted(set(sizes.values())):
+        names = " or ".join(n for n in sizes if sizes[n] == size)
+        alike = (f" (groups of the same size: run a layout where they differ to tell "
+                 f"them apart)" if " or " in names else "")
         if all(close(local[r], want[r] * size) for r in bad):
-            return bad, factor, (f"x{n}={size}: a reduction over the {n} group doubled, "
-                                 f"or an average over {n} that does not divide by {size}")
+            return bad, factor, (f"x{size} = |{names}|: a reduction over {names} doubled, "
+                                 f"or an average over {names} that does not divide by "
+                                 f"{size}{alike}")
         if all(close(local[r], want[r] / size) for r in bad):
-            return bad, factor, f"/{n}={size}: divided by the {n} group's size once too often"
+            return bad, factor, (f"/{size} = |{names}|: divided by the size of {names} "
+                                 f"once too often{alike}")
     for n in sizes:
         ok = True
         for g in groups[n]:
@@ -177,6 +183,26 @@ def first_difference(outs_a, outs_b, layout_b, ref=None):
                 outs_b, whole, k, name, layout_b)
         return report
     return report
+
+
+def sync_without_sp_reduce(stage, groups, layout):
+    """Broken on purpose: ``trainer.sync_gradients`` without its first line, so
+    the LayerNorm (and other sequence-parallel) gradients stay partial over tp."""
+    from labsupport.capstone.trainer import all_reduce_buckets
+    all_reduce_buckets(stage, groups["dp_cp"], divide_by=layout.dp * layout.cp)
+
+
+def sync_dp_not_cp(stage, groups, layout):
+    """Broken on purpose: the gradients summed over the dp x cp ranks but
+    averaged as if only dp held different tokens (divided by dp, not dp·cp)."""
+    from labsupport.capstone.trainer import all_reduce_buckets
+    from labsupport.tp_gpt import allreduce_sequence_parallel_grads
+    allreduce_sequence_parallel_grads(stage)
+    all_reduce_buckets(stage, groups["dp_cp"], divide_by=layout.dp)
+
+
+BROKEN = {"LayerNorm grads not reduced over tp under SP": sync_without_sp_reduce,
+          "loss averaged over dp but not cp": sync_dp_not_cp}
 
 
 def compare(layout_a, layout_b, steps=3, sync_b=None, **train_kw):

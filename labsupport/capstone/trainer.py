@@ -94,14 +94,19 @@ def sync_gradients(stage, groups, layout):
     averaged over dp × cp, one all-reduce per bucket.
     """
     allreduce_sequence_parallel_grads(stage)
-    n = layout.dp * layout.cp
-    if n == 1:
+    all_reduce_buckets(stage, groups["dp_cp"], divide_by=layout.dp * layout.cp)
+
+
+def all_reduce_buckets(stage, group, divide_by):
+    """Sum every gradient over ``group``, in buckets (chapter 3's
+    ``bucket_params``, in backward's order), then divide it by ``divide_by``."""
+    if dist.get_world_size(group) == 1 and divide_by == 1:
         return
     params = [p for p in stage.parameters() if p.grad is not None]
     for bucket in bucket_params(params[::-1], BUCKET_BYTES):
         flat = torch.cat([p.grad.flatten() for p in bucket])
-        dist.all_reduce(flat, group=groups["dp_cp"])
-        flat /= n
+        dist.all_reduce(flat, group=group)
+        flat /= divide_by
         for p, g in zip(bucket, flat.split([p.numel() for p in bucket])):
             p.grad.copy_(g.view_as(p))
 
