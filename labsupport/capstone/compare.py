@@ -23,7 +23,11 @@ import math
 
 import torch
 
+import labsupport as ls
+from labsupport.capstone import trainer
 from labsupport.capstone.layout import Layout, layout_groups
+from labsupport.capstone.trainer import all_reduce_buckets
+from labsupport.tp_gpt import allreduce_sequence_parallel_grads
 
 LOSS_RTOL = 1e-5      # fp32: another order of the same sums
 GRAD_RTOL = 1e-4      # of the parameter's largest reference entry, or of FLOOR x the
@@ -39,24 +43,35 @@ def local_slice(full, shard):
     return full.chunk(tp, dim)[rank]
 
 
-def full_grads(outs, step):
-    """{name: whole gradient} at ``step``, assembled from the ranks of one
-    layout's ``train`` results: TP chunks concatenated, taken from the ranks
-    at dp = cp = 0 (the others hold the same after a correct sync)."""
+def assemble(outs, pick):
+    """{name: whole tensor} from one layout's ``train`` results, ``pick(out)``
+    giving each rank's {name: tensor}: TP chunks concatenated, taken from the
+    ranks at dp = cp = 0 (the others hold the same after a correct sync)."""
     pieces = {}
     for out in outs:
         c = out["coords"]             # (dp, pp, cp, tp)
         if c[0] or c[2]:
             continue
-        for name, g in out["grads"][step].items():
+        for name, t in pick(out).items():
             shard = out["shards"][name]
-            pieces.setdefault(name, {})[0 if shard is None else shard[1]] = (g, shard)
-    full = {}
+            pieces.setdefault(name, {})[0 if shard is None else shard[1]] = (t, shard)
+    whole = {}
     for name, parts in pieces.items():
-        g, shard = parts[0]
-        full[name] = g if shard is None else torch.cat(
+        t, shard = parts[0]
+        whole[name] = t if shard is None else torch.cat(
             [parts[i][0] for i in range(shard[2])], dim=shard[0])
-    return full
+    return whole
+
+
+def full_grads(outs, step):
+    """{name: whole gradient} at ``step`` of one layout's ``train`` results."""
+    return assemble(outs, lambda out: out["grads"][step])
+
+
+def full_params(outs):
+    """The whole decoder's parameters after ``train(..., return_params=True)``:
+    ``models.GPT(config).load_state_dict(full_params(outs))``."""
+    return assemble(outs, lambda out: out["params"])
 
 
 def grad_differences(outs, ref, step):
@@ -83,8 +98,9 @@ def parity(outs, ref):
     want = ref["losses"]
     rel = [abs(a - b) / abs(b) for a, b in zip(losses, want)]
     steps = sorted(outs[0]["grads"])
-    grads = max((d for k in steps for d, _ in grad_differences(outs, ref["grads"][k],
-                                                                k).values()), default=0.0)
+    grads = max((d for k in steps
+                 for d, _ in grad_differences(outs, ref["grads"][k], k).values()),
+                default=0.0)
     return dict(step0_rel=rel[0], curve_rel=max(rel), grad_rel=grads)
 
 
@@ -141,8 +157,9 @@ def diagnose(outs, ref, step, name, layout):
         alike = (f" (groups of the same size: run a layout where they differ to tell "
                  f"them apart)" if " or " in names else "")
         if all(close(local[r], want[r] * size) for r in bad):
-            return bad, factor, (f"x{size} = |{names}|: a reduction over {names} doubled, "
-                                 f"or an average over {names} that does not divide by "
+            return bad, factor, (f"x{size} = |{names}|: a reduction over {names} "
+                                 f"doubled, or an average over {names} that does not "
+                                 f"divide by "
                                  f"{size}{alike}")
         if all(close(local[r], want[r] / size) for r in bad):
             return bad, factor, (f"/{size} = |{names}|: divided by the size of {names} "
@@ -188,15 +205,12 @@ def first_difference(outs_a, outs_b, layout_b, ref=None):
 def sync_without_sp_reduce(stage, groups, layout):
     """Broken on purpose: ``trainer.sync_gradients`` without its first line, so
     the LayerNorm (and other sequence-parallel) gradients stay partial over tp."""
-    from labsupport.capstone.trainer import all_reduce_buckets
     all_reduce_buckets(stage, groups["dp_cp"], divide_by=layout.dp * layout.cp)
 
 
 def sync_dp_not_cp(stage, groups, layout):
     """Broken on purpose: the gradients summed over the dp x cp ranks but
     averaged as if only dp held different tokens (divided by dp, not dp·cp)."""
-    from labsupport.capstone.trainer import all_reduce_buckets
-    from labsupport.tp_gpt import allreduce_sequence_parallel_grads
     allreduce_sequence_parallel_grads(stage)
     all_reduce_buckets(stage, groups["dp_cp"], divide_by=layout.dp)
 
@@ -209,12 +223,10 @@ def compare(layout_a, layout_b, steps=3, sync_b=None, **train_kw):
     """Train on both layouts (from the notebook: ranks started by ``ls.run``)
     and report the first step, parameter, ranks and factor where they differ.
     ``sync_b``: another gradient synchronisation for ``layout_b`` (a broken one)."""
-    import labsupport as ls
-    from labsupport.capstone import trainer
     kw = dict(train_kw, record_grads=tuple(range(steps)))
     outs = []
     for layout, sync in ((layout_a, None), (layout_b, sync_b)):
         extra = {"sync": sync} if sync else {}
-        outs.append(ls.run(trainer.train, tuple(layout), steps, world_size=math.prod(layout),
-                           backend="gloo", **kw, **extra))
+        outs.append(ls.run(trainer.train, tuple(layout), steps, backend="gloo",
+                           world_size=math.prod(layout), **kw, **extra))
     return first_difference(outs[0], outs[1], layout_b)

@@ -1,7 +1,8 @@
 """The capstone's data: the King James Bible as bytes, split, batched, sharded by dp.
 
     train_bytes, val_bytes = split(corpus())        # uint8 tensors, fixed for good
-    loader = Loader(train_bytes, batch=8, seq_len=64, seed=0, dp=2, dp_rank=1, cp=2, cp_rank=0)
+    loader = Loader(train_bytes, batch=8, seq_len=64, seed=0, dp=2, dp_rank=1,
+                    cp=2, cp_rank=0)
     ids, targets = loader.next()                    # (8/dp, 64/cp) int64 each
     state = loader.state_dict(); loader.load_state_dict(state)   # part of a checkpoint
 
@@ -46,7 +47,7 @@ VAL_FRACTION = 0.05
 @functools.lru_cache(maxsize=1)
 def corpus() -> torch.Tensor:
     """The whole King James text as UTF-8 bytes, a uint8 tensor (4,185,991 bytes)."""
-    source = importlib.resources.files(PACKAGE).joinpath(FILE).read_text(encoding="utf-8")
+    source = importlib.resources.files(PACKAGE).joinpath(FILE).read_text("utf-8")
     start = source.index('"""') + 3
     end = source.index('"""', start)
     text = source[start:end]
@@ -124,7 +125,7 @@ class Loader:
         mine = {"seed": self.seed, "batch": self.batch, "seq_len": self.seq_len}
         theirs = {k: state[k] for k in mine}
         if theirs != mine:
-            raise ValueError(f"this loader reads {mine}, the checkpoint's read {theirs}: "
+            raise ValueError(f"this loader reads {mine}, the checkpoint's {theirs}: "
                              "resume with the same global batch, length and seed")
         self.step = int(state["step"])
 

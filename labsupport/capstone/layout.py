@@ -91,8 +91,9 @@ def make_groups(layout: Layout) -> dict:
     (``dist.new_group`` is collective over the world). Cached per layout for
     the life of the process group."""
     if dist.get_world_size() != layout.world_size:
-        raise ValueError(f"layout {layout} (dp x tp x pp x cp) needs {layout.world_size} "
-                         f"ranks, not {dist.get_world_size()}: start that many")
+        raise ValueError(f"layout {layout} (dp x tp x pp x cp) needs "
+                         f"{layout.world_size} ranks, not {dist.get_world_size()}: "
+                         "start that many")
     key = (layout, id(dist.group.WORLD))
     if key not in _CACHE:
         rank, mine, ranks = dist.get_rank(), {}, {}

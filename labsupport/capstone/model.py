@@ -1,6 +1,6 @@
 """One rank's piece of the shared decoder on a (dp, tp, pp, cp) layout.
 
-    gpt = models.GPT(config(...), seed=0)          # the whole seeded decoder, on every rank
+    gpt = models.GPT(config(...), seed=0)          # the whole decoder, on every rank
     stage = Stage(gpt, layout, coords, groups)     # this rank's blocks, TP shards, ring
     stage.shards()                                 # {name: (dim, tp_rank, tp) or None}
 
@@ -32,6 +32,7 @@ shows it.
 import dataclasses
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -99,7 +100,7 @@ class Stage(nn.Module):
         if self.last:
             self.ln_f = gpt.ln_f
             self.lm_head = ColumnParallelLinear(gpt.lm_head, tp_group)
-        ends = [m for m in (getattr(self, "pos", None), getattr(self, "ln_f", None)) if m]
+        ends = [getattr(self, n) for n in ("pos", "ln_f") if hasattr(self, n)]
         self.sp_params = sequence_parallel_params(self.blocks.values(), *ends)
 
     def embed(self, ids):                                 # (b, c) int64, c = s/cp
@@ -127,12 +128,12 @@ class Stage(nn.Module):
 
     def shards(self) -> dict:
         """{parameter name: (dim, tp_rank, tp) if split by TP along dim, else None}."""
-        from torch.distributed import get_rank, get_world_size
-        tp, rank = get_world_size(self.group), get_rank(self.group)
+        tp, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         out = {}
         for mname, module in self.named_modules():
             dims = getattr(module, "shard_dims", {})
             for pname, _ in module.named_parameters(recurse=False):
                 name = f"{mname}.{pname}" if mname else pname
-                out[name] = (dims[pname], rank, tp) if pname in dims and tp > 1 else None
+                split = pname in dims and tp > 1
+                out[name] = (dims[pname], rank, tp) if split else None
         return out

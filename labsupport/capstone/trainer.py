@@ -64,8 +64,8 @@ class StagePipeline(pipeline.PipelineRank):
         self.tl = Timeline(dist.get_rank(), ids.device)
         plan = pipeline_sim.message_plan(pipeline.train_step_1f1b, len(pp_ranks), m, 1,
                                          pp_rank)
-        self.plan = [[(kind, s, i, grad, pp_ranks[peer]) for kind, s, i, grad, peer in b]
-                     for b in plan]
+        self.plan = [[(kind, s, i, grad, pp_ranks[peer])
+                      for kind, s, i, grad, peer in batch] for batch in plan]
         self.stash, self.outbox, self.posted = {}, {}, {}
         self.batches, self.waited, self.losses = [], 0, []
         self.peak = 0
@@ -129,7 +129,8 @@ def step(stage, opt, batch, layout, groups, coords, m, sync=sync_gradients,
     tp = dist.get_world_size(groups["tp"])
     b, c = ids.shape
     if b % m:
-        raise ValueError(f"{b} sequences per replica do not split into m={m} micro-batches")
+        raise ValueError(f"{b} sequences per replica do not split into m={m} "
+                         "micro-batches")
     rows = c // tp if stage.sequence_parallel else c
     shape = (b // m, rows, stage.cfg.hidden)
     pp_ranks = groups["ranks"]["pp"]
@@ -152,7 +153,8 @@ def step(stage, opt, batch, layout, groups, coords, m, sync=sync_gradients,
 
 def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=0,
           data_seed=0, model=None, optimizer="adamw", sequence_parallel=True,
-          dtype=torch.float32, sync=sync_gradients, record_grads=(), text=None):
+          dtype=torch.float32, sync=sync_gradients, record_grads=(), text=None,
+          return_params=False, warmup=1):
     """Train the seeded decoder for ``steps`` steps on ``layout`` = (dp, tp, pp, cp).
 
     Runs on every rank of a world of dp·tp·pp·cp ranks. ``batch``: sequences
@@ -164,7 +166,11 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
     (after sync, before the optimizer) this rank returns, by parameter name.
     ``text``: the training bytes (default: the Bible's training split).
     Returns, on each rank: its losses per step (the global mean), recorded
-    gradients, coordinates, the TP split of each parameter, tokens/s.
+    gradients, coordinates, the TP split of each parameter, the loader's
+    state, tokens/s of the whole job (the steps after ``warmup``, between
+    barriers; all steps if there are no more); with
+    ``return_params``, its parameters (``compare.full_params`` puts the
+    whole decoder together).
     """
     layout = Layout(*layout)
     cfg = config(**{"vocab_size": 256, "seq_len": seq_len, "hidden": 32, "heads": 4,
@@ -181,9 +187,11 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
         loader = capdata.Loader(train_bytes, batch, seq_len, data_seed, layout.dp,
                                 coords.dp, layout.cp, coords.cp)
         losses, grads, dev = [], {}, identity.device()
-        dist.barrier()
-        start = time.perf_counter()
+        start = None
         for k in range(steps):
+            if k == min(warmup, steps - 1):    # time whole steps after warm-up
+                dist.barrier()
+                start, timed = time.perf_counter(), steps - k
             ids, targets = (t.to(dev) for t in loader.next())
             loss = step(stage, opt, (ids, targets), layout, groups, coords,
                         micro_batches, sync, dtype)
@@ -191,12 +199,15 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
             if k in record_grads:
                 grads[k] = {n: p.grad.detach().clone()
                             for n, p in stage.named_parameters()}
+        dist.barrier()
         seconds = time.perf_counter() - start
     finally:
         torch.set_default_dtype(old_dtype)
+    params = {n: p.detach().clone() for n, p in stage.named_parameters()}
     return dict(losses=losses, grads=grads, coords=tuple(coords), layout=tuple(layout),
-                shards=stage.shards(), rank=dist.get_rank(),
-                loader=loader.state_dict(), tokens_per_s=steps * batch * seq_len / seconds)
+                shards=stage.shards(), rank=dist.get_rank(), loader=loader.state_dict(),
+                tokens_per_s=timed * batch * seq_len / seconds,
+                params=params if return_params else None)
 
 
 def reference(steps, *, batch=8, seq_len=32, lr=3e-3, seed=0, data_seed=0, model=None,
@@ -221,7 +232,7 @@ def reference(steps, *, batch=8, seq_len=32, lr=3e-3, seed=0, data_seed=0, model
         losses.append(loss.item())
         if k in record_grads:
             grads[k] = {n: p.grad.detach().clone() for n, p in gpt.named_parameters()}
-    return dict(losses=losses, grads=grads)
+    return dict(losses=losses, grads=grads, model=gpt)
 
 
 def bits_per_byte(loss) -> float:
