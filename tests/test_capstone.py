@@ -175,3 +175,11 @@ def test_compare_names_the_missing_division_by_cp():
     assert report.step == 0 and report.parameter == "tok.weight", str(report)
     assert report.factor == pytest.approx(2, rel=1e-4)
     assert report.reduction.startswith("x2 = |cp|"), str(report)
+
+
+def test_parity_table_rows():
+    rows = compare.parity_table([(1, 1, 1, 1), (1, 1, 2, 1)], steps=2)
+    assert [r["layout"] for r in rows] == ["1x1x1x1", "1x1x2x1"]
+    for r in rows:
+        assert r["step0_rel"] <= 1e-6 and r["grad_rel"] <= GRAD_TOL
+        assert r["curve_rel"] <= 1e-4

@@ -230,3 +230,17 @@ def compare(layout_a, layout_b, steps=3, sync_b=None, **train_kw):
         outs.append(ls.run(trainer.train, tuple(layout), steps, backend="gloo",
                            world_size=math.prod(layout), **kw, **extra))
     return first_difference(outs[0], outs[1], layout_b)
+
+
+def parity_table(layouts, steps=4, dtype=torch.float32, **train_kw):
+    """One row per layout against one process (``trainer.reference``): the
+    step-0 loss's relative difference, the largest gradient difference at
+    step 0 (``grad_differences``' measure), the curve's largest relative
+    difference over ``steps`` steps. Runs the ranks from here (``ls.run``)."""
+    ref = trainer.reference(steps, record_grads=(0,), dtype=dtype, **train_kw)
+    rows = []
+    for layout in layouts:
+        outs = ls.run(trainer.train, tuple(layout), steps, record_grads=(0,), dtype=dtype,
+                      backend="gloo", world_size=math.prod(layout), **train_kw)
+        rows.append(dict(layout=str(Layout(*layout)), **parity(outs, ref)))
+    return rows
