@@ -27,12 +27,11 @@ With the same global batch, every layout computes the loss and the gradients
 of one process up to the order of floating-point sums (tests/test_capstone.py).
 """
 import math
-import time
 
 import torch
 import torch.distributed as dist
 
-from labsupport import models, pipeline, pipeline_sim
+from labsupport import models, pipeline, pipeline_sim, timing
 from labsupport.capstone import data as capdata
 from labsupport.capstone.layout import Layout, make_groups
 from labsupport.capstone.model import Stage, config, validate
@@ -191,7 +190,7 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
         for k in range(steps):
             if k == min(warmup, steps - 1):    # time whole steps after warm-up
                 dist.barrier()
-                start, timed = time.perf_counter(), steps - k
+                start, timed = timing.now(dev), steps - k
             ids, targets = (t.to(dev) for t in loader.next())
             loss = step(stage, opt, (ids, targets), layout, groups, coords,
                         micro_batches, sync, dtype)
@@ -200,7 +199,7 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
                 grads[k] = {n: p.grad.detach().clone()
                             for n, p in stage.named_parameters()}
         dist.barrier()
-        seconds = time.perf_counter() - start
+        seconds = timing.now(dev) - start     # once the device's work is done
     finally:
         torch.set_default_dtype(old_dtype)
     params = {n: p.detach().clone() for n, p in stage.named_parameters()}
