@@ -172,6 +172,8 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
     whole decoder together).
     """
     layout = Layout(*layout)
+    if steps < 1:
+        raise ValueError(f"train needs steps >= 1, got {steps}")
     cfg = config(**{"vocab_size": 256, "seq_len": seq_len, "hidden": 32, "heads": 4,
                     "layers": 2, **(model or {})})
     validate(cfg, layout, seq_len, sequence_parallel)
