@@ -284,6 +284,32 @@ def ring_attention(q, k, v, causal=False, seq_len=None, group=None):
     return RingAttention.apply(q, k, v, causal, seq_len, group)
 
 
+class RingSelfAttention(torch.nn.Module):
+    """``models.CausalSelfAttention`` on this rank's contiguous slice of the
+    sequence, its attention a causal ring over ``group`` (chapter 6's
+    ``cp_attention``, as a module).
+
+    Takes over the projections ``q``, ``k``, ``v``, ``o`` of ``attn`` (plain,
+    or split by heads under tensor parallelism: the number of heads is read
+    from the tensor), so parameter names stay those of the decoder. Rank r of
+    ``group`` holds positions r·c .. r·c + c - 1 (contiguous slices, not
+    zig-zag): ``ring_forward`` places its queries there. Shapes: (b, c, h) ->
+    (b, c, h).
+    """
+
+    def __init__(self, attn, group=None):
+        super().__init__()
+        self.head_dim, self.group = attn.head_dim, group
+        self.q, self.k, self.v, self.o = attn.q, attn.k, attn.v, attn.o
+
+    def forward(self, x):                                     # (b, c, h)
+        b, c, _ = x.shape
+        q, k, v = (p(x).view(b, c, -1, self.head_dim).transpose(1, 2)
+                   for p in (self.q, self.k, self.v))          # 3 x (b, a, c, d)
+        out = RingAttention.apply(q, k, v, True, None, self.group)
+        return self.o(out.transpose(1, 2).reshape(b, c, -1))  # (b, c, h)
+
+
 def shard_sequence(x, rank, world_size):
     """Rank's block of c = ceil(s/N) positions of dim -2 of x (b, a, s, d); the
     last ranks get the zero padding: pass the true ``seq_len`` to attention."""

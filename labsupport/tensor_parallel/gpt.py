@@ -38,9 +38,7 @@ class TensorParallelGPT(nn.Module):
         self.lm_head = ColumnParallelLinear(gpt.lm_head, group)
         if gpt.cfg.tie_weights:
             self.lm_head.weight = self.tok.weight         # the same shard of the table
-        self.sp_params = [self.pos.weight, self.ln_f.weight, self.ln_f.bias] + [
-            p for b in self.blocks for m in (b.ln1, b.ln2, b.attn.o, b.mlp.fc2)
-            for name, p in m.named_parameters() if name != "weight" or m in (b.ln1, b.ln2)]
+        self.sp_params = sequence_parallel_params(self.blocks, self.pos, self.ln_f)
 
     def forward(self, ids, targets=None):                 # ids: (b, s) int64
         s, sp = ids.shape[1], self.sequence_parallel
@@ -55,6 +53,16 @@ class TensorParallelGPT(nn.Module):
         if targets is None:
             return logits
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def sequence_parallel_params(blocks, *modules) -> list:
+    """The parameters whose gradients are partial under SP: all of ``modules``'
+    (the position embedding, the final LayerNorm, when this piece holds them),
+    and of each block its LayerNorms and the biases of its row-parallel layers
+    (added after the reduce-scatter, to a sequence shard)."""
+    return [p for m in modules for p in m.parameters()] + [
+        p for b in blocks for m in (b.ln1, b.ln2, b.attn.o, b.mlp.fc2)
+        for name, p in m.named_parameters() if name != "weight" or m in (b.ln1, b.ln2)]
 
 
 def _validate(cfg, world_size, sequence_parallel):

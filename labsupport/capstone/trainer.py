@@ -1,0 +1,241 @@
+"""The composed trainer: the shared decoder on real text with dp, tp, pp and cp at once.
+
+    from labsupport.capstone.trainer import train
+    out = ls.run(train, (2, 2, 2, 1), steps=5, world_size=8)   # layout (dp, tp, pp, cp)
+    out[0]["losses"]          # the global batch's mean loss at each step, on every rank
+
+One step on every rank (``step``):
+
+1. the loader gives this rank's part of the global batch (its dp rows, its
+   cp positions; ``capstone.data``);
+2. chapter 5's 1F1B schedule (``pipeline.train_step_1f1b``, its message plan
+   from ``pipeline_sim``, its sends and receives batched in one plan order)
+   runs ``m`` micro-batches through the pipeline stages, each stage tensor-
+   and context-parallel inside (``capstone.model.Stage``); the last stage's
+   loss of a micro-batch is its mean cross-entropy / m;
+3. ``sync_gradients``: the gradients that sequence parallelism left partial
+   (LayerNorms, row-parallel biases, position embedding) are summed over tp
+   (``tp_gpt.allreduce_sequence_parallel_grads``), then every gradient is
+   averaged over the dp × cp ranks, which saw the same weights and different
+   tokens: one all-reduce per bucket of chapter 3's ``ddp.bucket_params``, a
+   SUM then a division by dp·cp (every rank holds as many tokens, so the mean
+   of their means is the global mean);
+4. the optimizer steps each rank's own shards (AdamW and SGD act elementwise,
+   so sharded steps equal the whole one).
+
+With the same global batch, every layout computes the loss and the gradients
+of one process up to the order of floating-point sums (tests/test_capstone.py).
+"""
+import math
+
+import torch
+import torch.distributed as dist
+
+from labsupport import models, pipeline, pipeline_sim, timing
+from labsupport.capstone import data as capdata
+from labsupport.capstone.layout import Layout, make_groups
+from labsupport.capstone.model import Stage, config, validate
+from labsupport.ddp import bucket_params
+from labsupport.launch import identity
+from labsupport.timeline import Timeline
+from labsupport.tp_gpt import allreduce_sequence_parallel_grads
+
+BUCKET_BYTES = 2 ** 20
+
+
+class StagePipeline(pipeline.PipelineRank):
+    """Chapter 5's ``PipelineRank`` on a pipeline group of a bigger mesh.
+
+    Its fields are the lesson's, so the lesson's ``train_step_1f1b``,
+    ``backward_step``, ``send``/``recv`` and plan posting run unchanged;
+    only ``forward`` differs, for the decoder's cross-entropy in place of the
+    lesson's mean squared error, and the plan's peers are mapped from stage
+    numbers to global ranks.
+    """
+
+    def __init__(self, stage, ids, targets, m, shape, pp_ranks, pp_rank, dtype):
+        self.rank, self.world_size = pp_rank, len(pp_ranks)
+        self.num_stages, self.v = len(pp_ranks), 1
+        self.stages = {pp_rank: stage}
+        self.m, self.shape = m, shape                     # (b/m, c or c/tp, h)
+        self.inputs, self.targets = ids.chunk(m), targets.chunk(m)
+        self.device = ids.device
+        self.tl = Timeline(dist.get_rank(), ids.device)
+        plan = pipeline_sim.message_plan(pipeline.train_step_1f1b, len(pp_ranks), m, 1,
+                                         pp_rank)
+        self.plan = [[(kind, s, i, grad, pp_ranks[peer])
+                      for kind, s, i, grad, peer in batch] for batch in plan]
+        self.stash, self.outbox, self.posted = {}, {}, {}
+        self.batches, self.waited, self.losses = [], 0, []
+        self.peak = 0
+        self.dtype = dtype
+
+    def forward(self, s, i):
+        """``pipeline.forward_step`` with the decoder's loss on the last stage."""
+        last = s == self.num_stages - 1
+        x = self.inputs[i] if s == 0 else pipeline.recv(self, s, i).requires_grad_()
+        with self.tl.span("compute", "F", mb=i, stage=s):
+            y = self.stages[s](x)
+            if last:  # the m means, each / m, sum to the rank's mean
+                y = self.stages[s].loss(y, self.targets[i]) / self.m
+        if last:
+            self.losses.append(y.detach())
+        else:
+            pipeline.send(self, y, s + 1, i)
+        self.stash[s, i] = (x, y)
+        self.peak = max(self.peak, len(self.stash))
+
+
+def sync_gradients(stage, groups, layout):
+    """Make every gradient of this rank's shards the one-process gradient.
+
+    Partial sums under SP: summed over tp. Different tokens on dp × cp:
+    averaged over dp × cp, one all-reduce per bucket.
+    """
+    allreduce_sequence_parallel_grads(stage)
+    all_reduce_buckets(stage, groups["dp_cp"], divide_by=layout.dp * layout.cp)
+
+
+def all_reduce_buckets(stage, group, divide_by):
+    """Sum every gradient over ``group``, in buckets (chapter 3's
+    ``bucket_params``, in backward's order), then divide it by ``divide_by``."""
+    if dist.get_world_size(group) == 1 and divide_by == 1:
+        return
+    params = [p for p in stage.parameters() if p.grad is not None]
+    for bucket in bucket_params(params[::-1], BUCKET_BYTES):
+        flat = torch.cat([p.grad.flatten() for p in bucket])
+        dist.all_reduce(flat, group=group)
+        flat /= divide_by
+        for p, g in zip(bucket, flat.split([p.numel() for p in bucket])):
+            p.grad.copy_(g.view_as(p))
+
+
+def build(layout, cfg, seed=0, sequence_parallel=True, dtype=torch.float32):
+    """(stage, groups, coords): this rank's piece of the seeded decoder."""
+    layout = Layout(*layout)
+    groups = make_groups(layout)
+    coords = layout.coords(dist.get_rank())
+    gpt = models.GPT(cfg, seed=seed).to(dtype)          # whole, from its seed
+    stage = Stage(gpt, layout, coords, groups, sequence_parallel).to(identity.device())
+    return stage, groups, coords
+
+
+def step(stage, opt, batch, layout, groups, coords, m, sync=sync_gradients,
+         dtype=torch.float32):
+    """One training step on this rank's part of a global batch (ids, targets,
+    on the device); returns the global mean loss (the same on every rank)."""
+    ids, targets = batch
+    tp = dist.get_world_size(groups["tp"])
+    b, c = ids.shape
+    if b % m:
+        raise ValueError(f"{b} sequences per replica do not split into m={m} "
+                         "micro-batches")
+    rows = c // tp if stage.sequence_parallel else c
+    shape = (b // m, rows, stage.cfg.hidden)
+    pp_ranks = groups["ranks"]["pp"]
+    opt.zero_grad(set_to_none=False)
+    pp = StagePipeline(stage, ids, targets, m, shape, pp_ranks, coords.pp, dtype)
+    pipeline.train_step_1f1b(pp)
+    pipeline.wait_for(pp, len(pp.batches))              # the step's last sends too
+    sync(stage, groups, layout)
+    opt.step()
+    loss = torch.zeros((), dtype=dtype, device=ids.device)
+    if stage.last:                                      # mean over dp x cp
+        loss = torch.stack(pp.losses).sum()
+        if layout.dp * layout.cp > 1:
+            dist.all_reduce(loss, group=groups["dp_cp"])
+            loss /= layout.dp * layout.cp
+    if layout.pp > 1:                                   # to every stage
+        dist.broadcast(loss, src=pp_ranks[-1], group=groups["pp"])
+    return loss
+
+
+def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=0,
+          data_seed=0, model=None, optimizer="adamw", sequence_parallel=True,
+          dtype=torch.float32, sync=sync_gradients, record_grads=(), text=None,
+          return_params=False, warmup=1):
+    """Train the seeded decoder for ``steps`` steps on ``layout`` = (dp, tp, pp, cp).
+
+    Runs on every rank of a world of dp·tp·pp·cp ranks. ``batch``: sequences
+    of ``seq_len`` bytes per global batch (the same bytes on every layout);
+    ``micro_batches``: the pipeline's m per replica; ``model``: sizes for
+    ``capstone.model.config`` (default: 2 blocks, h = 32, 4 heads).
+    ``sync``: the gradient synchronisation (a broken one, to see what the
+    parity procedure finds). ``record_grads``: the steps whose gradients
+    (after sync, before the optimizer) this rank returns, by parameter name.
+    ``text``: the training bytes (default: the Bible's training split).
+    Returns, on each rank: its losses per step (the global mean), recorded
+    gradients, coordinates, the TP split of each parameter, the loader's
+    state, tokens/s of the whole job (the steps after ``warmup``, between
+    barriers; all steps if there are no more); with
+    ``return_params``, its parameters (``compare.full_params`` puts the
+    whole decoder together).
+    """
+    layout = Layout(*layout)
+    if steps < 1:
+        raise ValueError(f"train needs steps >= 1, got {steps}")
+    cfg = config(**{"vocab_size": 256, "seq_len": seq_len, "hidden": 32, "heads": 4,
+                    "layers": 2, **(model or {})})
+    validate(cfg, layout, seq_len, sequence_parallel)
+    stage, groups, coords = build(layout, cfg, seed, sequence_parallel, dtype)
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)   # the pipeline lesson's receive buffers take it
+    try:
+        make = {"adamw": lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0),
+                "sgd": lambda p: torch.optim.SGD(p, lr=lr)}[optimizer]
+        opt = make(stage.parameters())
+        train_bytes = capdata.split(capdata.corpus())[0] if text is None else text
+        loader = capdata.Loader(train_bytes, batch, seq_len, data_seed, layout.dp,
+                                coords.dp, layout.cp, coords.cp)
+        losses, grads, dev = [], {}, identity.device()
+        start = None
+        for k in range(steps):
+            if k == min(warmup, steps - 1):    # time whole steps after warm-up
+                dist.barrier()
+                start, timed = timing.now(dev), steps - k
+            ids, targets = (t.to(dev) for t in loader.next())
+            loss = step(stage, opt, (ids, targets), layout, groups, coords,
+                        micro_batches, sync, dtype)
+            losses.append(loss.item())
+            if k in record_grads:
+                grads[k] = {n: p.grad.detach().clone()
+                            for n, p in stage.named_parameters()}
+        dist.barrier()
+        seconds = timing.now(dev) - start     # once the device's work is done
+    finally:
+        torch.set_default_dtype(old_dtype)
+    params = {n: p.detach().clone() for n, p in stage.named_parameters()}
+    return dict(losses=losses, grads=grads, coords=tuple(coords), layout=tuple(layout),
+                shards=stage.shards(), rank=dist.get_rank(), loader=loader.state_dict(),
+                tokens_per_s=timed * batch * seq_len / seconds,
+                params=params if return_params else None)
+
+
+def reference(steps, *, batch=8, seq_len=32, lr=3e-3, seed=0, data_seed=0, model=None,
+              optimizer="adamw", dtype=torch.float32, record_grads=(), text=None):
+    """The same training in one process, on ``models.GPT`` itself (no lesson
+    code, no communication): the losses and the recorded gradients."""
+    cfg = config(**{"vocab_size": 256, "seq_len": seq_len, "hidden": 32, "heads": 4,
+                    "layers": 2, **(model or {})})
+    gpt = models.GPT(cfg, seed=seed).to(dtype)
+    make = {"adamw": lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0),
+            "sgd": lambda p: torch.optim.SGD(p, lr=lr)}[optimizer]
+    opt = make(gpt.parameters())
+    train_bytes = capdata.split(capdata.corpus())[0] if text is None else text
+    loader = capdata.Loader(train_bytes, batch, seq_len, data_seed)
+    losses, grads = [], {}
+    for k in range(steps):
+        ids, targets = loader.next()
+        opt.zero_grad()
+        loss = gpt(ids, targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if k in record_grads:
+            grads[k] = {n: p.grad.detach().clone() for n, p in gpt.named_parameters()}
+    return dict(losses=losses, grads=grads, model=gpt)
+
+
+def bits_per_byte(loss) -> float:
+    """A mean cross-entropy in nats per byte, in bits per byte."""
+    return loss / math.log(2)
