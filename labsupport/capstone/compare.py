@@ -23,11 +23,11 @@ import math
 
 import torch
 
-import labsupport as ls
+from labsupport.launch import session
 from labsupport.capstone import trainer
 from labsupport.capstone.layout import Layout, layout_groups
 from labsupport.capstone.trainer import all_reduce_buckets
-from labsupport.tp_gpt import allreduce_sequence_parallel_grads
+from labsupport.tensor_parallel.gpt import allreduce_sequence_parallel_grads
 
 LOSS_RTOL = 1e-5      # fp32: another order of the same sums
 GRAD_RTOL = 1e-4      # of the parameter's largest reference entry, or of FLOOR x the
@@ -227,7 +227,7 @@ def compare(layout_a, layout_b, steps=3, sync_b=None, **train_kw):
     outs = []
     for layout, sync in ((layout_a, None), (layout_b, sync_b)):
         extra = {"sync": sync} if sync else {}
-        outs.append(ls.run(trainer.train, tuple(layout), steps, backend="gloo",
+        outs.append(session.run(trainer.train, tuple(layout), steps, backend="gloo",
                            world_size=math.prod(layout), **kw, **extra))
     return first_difference(outs[0], outs[1], layout_b)
 
@@ -240,7 +240,7 @@ def parity_table(layouts, steps=4, dtype=torch.float32, **train_kw):
     ref = trainer.reference(steps, record_grads=(0,), dtype=dtype, **train_kw)
     rows = []
     for layout in layouts:
-        outs = ls.run(trainer.train, tuple(layout), steps, record_grads=(0,), dtype=dtype,
+        outs = session.run(trainer.train, tuple(layout), steps, record_grads=(0,), dtype=dtype,
                       backend="gloo", world_size=math.prod(layout), **train_kw)
         rows.append(dict(layout=str(Layout(*layout)), **parity(outs, ref)))
     return rows

@@ -33,7 +33,7 @@ contiguous columns of its context-parallel slice (``cp_rank``: positions
 the same bytes. The loader's whole state is the number of global batches
 taken (and its seed), so a checkpoint taken at one layout resumes at
 another: a change of dp changes which rows a rank keeps, not where the data
-stands (chapter 10's resumable loader, ``labsupport.resumable``).
+stands (chapter 10's resumable loader, ``labsupport.checkpoints.resumable``).
 """
 import functools
 import importlib.resources

@@ -25,7 +25,7 @@ import typing
 
 import torch.distributed as dist
 
-from labsupport.mesh import axis_groups
+from labsupport.device_mesh.mesh import axis_groups
 
 AXES = ("dp", "pp", "cp", "tp")   # the mesh's dimensions, outermost first
 

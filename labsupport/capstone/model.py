@@ -37,11 +37,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from labsupport import models
-from labsupport.ring_attention import RingSelfAttention
-from labsupport.tensor_parallel import (ColumnParallelLinear, GatherLastDim,
+from labsupport.context_parallel.ring_attention import RingSelfAttention
+from labsupport.tensor_parallel.tensor_parallel import (ColumnParallelLinear, GatherLastDim,
                                         TensorParallelBlock, VocabParallelEmbedding,
                                         enter_tp, my_chunk)
-from labsupport.tp_gpt import _validate, sequence_parallel_params
+from labsupport.tensor_parallel.gpt import _validate, sequence_parallel_params
 
 
 def config(**sizes) -> models.GPTConfig:

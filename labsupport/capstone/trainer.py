@@ -31,14 +31,16 @@ import math
 import torch
 import torch.distributed as dist
 
-from labsupport import models, pipeline, pipeline_sim, timing
+from labsupport import models, timing
+from labsupport.pipeline import pipeline
+from labsupport.pipeline import sim as pipeline_sim
 from labsupport.capstone import data as capdata
 from labsupport.capstone.layout import Layout, make_groups
 from labsupport.capstone.model import Stage, config, validate
-from labsupport.ddp import bucket_params
+from labsupport.data_parallel.ddp import bucket_params
 from labsupport.launch import identity
 from labsupport.timeline import Timeline
-from labsupport.tp_gpt import allreduce_sequence_parallel_grads
+from labsupport.tensor_parallel.gpt import allreduce_sequence_parallel_grads
 
 BUCKET_BYTES = 2 ** 20
 
