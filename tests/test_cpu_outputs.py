@@ -26,10 +26,7 @@ from nbtools import chapter_notebooks
 class Allowed:
     notebook: str   # the file's stem
     matches: str    # a substring of the finding, as str(Finding) writes it
-    reason: str     # why no CPU can change it, or who fixes it
-    # True while another branch fixes the output (the allowance then goes,
-    # and matching nothing is no error): the lead removes it at the merge.
-    temporary: bool = False
+    reason: str     # why no CPU can change it
 
 
 ALLOWED = [
@@ -75,7 +72,7 @@ def test_every_allowance_explains_a_stored_output():
     found = [f for p in chapter_notebooks() for f in findings(p)]
     for a in ALLOWED:
         assert a.reason.strip()
-        assert a.temporary or any(f.notebook == a.notebook and a.matches in str(f)
+        assert any(f.notebook == a.notebook and a.matches in str(f)
                    for f in found), f"stale allowance (matches nothing): {a}"
 
 
