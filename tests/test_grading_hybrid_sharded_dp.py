@@ -21,6 +21,7 @@ import labsupport.grading.hybrid_sharded_dp as gh
 import sources
 from labsupport.grading.hybrid_sharded_dp import placement
 from nbgrader_run import TimedRoundTrip
+from failing import fails
 
 ASSIGNMENT = "hybrid_sharded_dp"
 SHORT = 3.0  # s, deadline of the unit test that deadlocks on purpose
@@ -77,11 +78,6 @@ def edits(name) -> dict:
 ref = sources.reference(ASSIGNMENT)
 MODULES = {name: sources.reference(ASSIGNMENT, edits(name), name) for name in WRONG}
 
-
-def fails(check, *args, **kwargs) -> str:
-    with pytest.raises(AssertionError) as info:
-        check(*args, **kwargs)
-    return str(info.value)
 
 
 # -- layer 1: the placement, on its own ---------------------------------------------------

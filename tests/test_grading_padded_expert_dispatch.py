@@ -21,6 +21,7 @@ import grading_padded_expert_dispatch_cases as cases
 import labsupport.grading.padded_expert_dispatch as gp
 import sources
 from nbgrader_run import RoundTrip
+from failing import fails
 
 ASSIGNMENT = "padded_expert_dispatch"
 SOLUTION = "padded_moe"  # grade_id of the solution cell
@@ -58,11 +59,6 @@ ANSWERS = {name: sources.reference(ASSIGNMENT, {SOLUTION: edit(name)}, name).pad
            for name in WRONG}
 STUB = sources.reference(ASSIGNMENT, {SOLUTION: untouched}, "untouched").padded_moe
 
-
-def fails(check, fn, **kwargs) -> str:
-    with pytest.raises(AssertionError) as info:
-        check(fn, **kwargs)
-    return str(info.value)
 
 
 # -- layer 1: the checks ----------------------------------------------------------------

@@ -24,6 +24,7 @@ import grading_reshard_to_tensor_parallel_cases as cases
 import labsupport.grading.reshard_to_tensor_parallel as gr
 import sources
 from nbgrader_run import RoundTrip
+from failing import fails
 
 ASSIGNMENT = "reshard_to_tensor_parallel"
 SOLUTION = "load_tp_shard"  # grade_id of the solution cell
@@ -51,11 +52,6 @@ def answer(name=""):
     return sources.reference(ASSIGNMENT, {SOLUTION: edit(name)} if name else None,
                              name).load_tp_shard
 
-
-def fails(check, *args, **kwargs) -> str:
-    with pytest.raises(AssertionError) as info:
-        check(*args, **kwargs)
-    return str(info.value)
 
 
 # -- layer 1: the checks ----------------------------------------------------------------

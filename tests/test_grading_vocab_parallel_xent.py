@@ -18,16 +18,12 @@ import grading_vocab_parallel_xent_cases as cases
 import labsupport.grading.vocab_parallel_xent as gx
 import sources
 from nbgrader_run import RoundTrip
+from failing import fails
 
 ASSIGNMENT = "vocab_parallel_xent"
 REFERENCE = sources.reference(ASSIGNMENT).VocabParallelCrossEntropy
 SHORT = 3.0   # s, deadline of the unit test that deadlocks on purpose
 
-
-def fails(check, cls, **kwargs) -> str:
-    with pytest.raises(AssertionError) as info:
-        check(cls, **kwargs)
-    return str(info.value)
 
 
 # -- layer 1: the checks ----------------------------------------------------------------

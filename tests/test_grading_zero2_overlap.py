@@ -19,6 +19,7 @@ import labsupport.grading.zero2_overlap as gz
 import sources
 from labsupport import grading
 from nbgrader_run import RoundTrip
+from failing import fails
 
 ASSIGNMENT = "zero2_overlap"
 SHORT = 3.0   # s, deadline of the unit test that deadlocks on purpose
@@ -57,11 +58,6 @@ def edit(name):
 CLASSES = {name: sources.reference(ASSIGNMENT, {"zero2_overlap": edit(name)}, name).Zero2Overlap
            for name in VARIANTS}
 
-
-def fails(check, cls, **kwargs) -> str:
-    with pytest.raises(AssertionError) as info:
-        check(cls, **kwargs)
-    return str(info.value)
 
 
 # -- layer 1: the checks ----------------------------------------------------------------

@@ -22,16 +22,12 @@ from labsupport.grading import zero_bubble_pipeline as gz
 import grading_zero_bubble_pipeline_cases as fns
 import sources
 from nbgrader_run import TimedRoundTrip, autograded, cell_seconds
+from failing import fails
 
 ASSIGNMENT = "zero_bubble_pipeline"
 ref = sources.reference(ASSIGNMENT)
 SHORT = 3.0  # s, deadline of the unit tests that deadlock on purpose
 
-
-def fails(check, *args, **kwargs) -> str:
-    with pytest.raises(AssertionError) as info:
-        check(*args, **kwargs)
-    return str(info.value)
 
 
 # -- layer 1: the ideal machine and the checks ------------------------------------------

@@ -17,17 +17,13 @@ from grading_zigzag_ring_attention_cases import (
     all_gather_attention, blocking_attention, contiguous_positions, contiguous_ring_attention,
     overlapping_positions, sends_q_too_attention, wrong_merge_attention, zigzag_positions)
 from nbgrader_run import RoundTrip
+from failing import fails
 
 ASSIGNMENT = "zigzag_ring_attention"
 SHORT = 2.0  # s, deadline of the unit test that deadlocks on purpose
 g = ls.grading.zigzag_ring_attention
 ref = sources.reference(ASSIGNMENT)
 
-
-def fails(check, *args, **kwargs) -> str:
-    with pytest.raises(AssertionError) as info:
-        check(*args, **kwargs)
-    return str(info.value)
 
 
 # -- layer 1: the checks ----------------------------------------------------------------
