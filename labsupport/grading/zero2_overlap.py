@@ -24,7 +24,9 @@ the rank's own code runs, so the count is the same on an idle machine and a
 loaded one: when gloo's worker thread lets go of a finished work's tensors (a
 moment after ``wait()`` returns) does not enter it.
 ZeRO: Rajbhandari et al. 2020 (arXiv 1910.02054), §5.2 (P_g: "we use a
-bucketization strategy ... reduce-scatter").
+bucketization strategy", each bucket reduced to its partition's owner); the
+per-bucket reduce-scatter graded here is FSDP's and Megatron-LM's distributed
+optimizer's layout (every rank owns a shard of every bucket).
 """
 import inspect
 
