@@ -30,6 +30,10 @@ SHORT = 3.0   # s, deadline of the unit test that deadlocks on purpose
 # Wrong answers that differ from the reference in one thing, as edits of its cell.
 SLOTS = ("    before = F.one_hot(wanted, num_experts).cumsum(dim=0) - 1   # rows before\n"
          "    slot = before.gather(1, wanted.unsqueeze(1)).squeeze(1)     # j of e\n")
+COMBINE = ("    return x.new_zeros(num_tokens, hidden).index_add(0, owner, contrib)\n")
+OWNERS = ("    owner = owner.repeat_interleave(top_k)[fits]\n",
+          "    owner_all = owner.repeat_interleave(top_k)\n"
+          "    owner = owner_all[fits]\n")
 WRONG = {
     "drop_by_prob": ((SLOTS, (  # each expert keeps its rows of largest gate
         "    order = torch.argsort(-gates.flatten().detach(), stable=True)\n"
@@ -38,6 +42,15 @@ WRONG = {
         "        0, order, before.gather(1, wanted[order].unsqueeze(1)).squeeze(1))\n")),),
     "detached_gates": (("moe.route(router(x), top_k)",  # the router gets no gradient
                         "moe.route(router(x).detach(), top_k)"),),
+    # Right forward, wrong backward only where choices are dropped:
+    "leaky_drops": (OWNERS, (COMBINE, COMBINE.replace(  # a dropped choice's dy reaches x
+        "    return ", "    lost = owner_all[~fits]\n    return ").replace(
+        "contrib)", "contrib).index_add(\n"
+        "        0, lost, x[lost] - x[lost].detach())")),),
+    "frozen_kept": (OWNERS, (COMBINE, COMBINE.replace(  # partly dropped tokens: no gradient
+        "    return ", "    partly = torch.isin(owner, owner_all[~fits])\n"
+        "    contrib = torch.where(partly.unsqueeze(1), contrib.detach(), contrib)\n"
+        "    return ")),),
     "deadlock": (("    ### BEGIN SOLUTION\n",  # only rank 0 dispatches: it waits forever
                   "    ### BEGIN SOLUTION\n    if dist.get_rank() != 0:\n"
                   "        return torch.zeros_like(x)\n"),),
@@ -95,6 +108,19 @@ def test_detached_gates_leave_the_router_without_a_gradient():
     assert "without detaching it" in text
 
 
+def test_the_backward_is_checked_with_drops_too():
+    """Both answers are the reference with nothing dropped, and their y is its y."""
+    for name in ("leaky_drops", "frozen_kept"):
+        gp.check_drops(ANSWERS[name], world_sizes=(2,))
+        text = fails(gp.check_backward, ANSWERS[name], world_sizes=(2,))
+        assert text.startswith("padded_moe on 2 ranks, rank 0 (capacity factor 1, "), text
+        assert " choices dropped): " in text
+        assert "Right with nothing dropped, wrong with drops: a dropped choice" in text
+    text = fails(gp.check_backward, ANSWERS["leaky_drops"], world_sizes=(2,))
+    assert "x.grad differs" in text and "of which the layer keeps [" in text
+    assert "False" in text.split("of which the layer keeps")[1].split("]")[0]
+
+
 def test_a_deadlock_ends_at_the_deadline_then_the_next_check_passes():
     t0 = time.monotonic()
     text = fails(gp.check_forward, ANSWERS["deadlock"], world_sizes=(2,), timeout=SHORT)
@@ -130,14 +156,14 @@ FAILED = {  # submission -> the test cells that score zero, and what their messa
     "reference": {},
     "untouched": dict.fromkeys(CELLS, "in place of `raise NotImplementedError()`"),
     "variable_splits": {"test_padded_traffic": "you sent only the routed rows"},
-    "drop_by_prob": {"test_drops": "whatever their gates"},
+    "drop_by_prob": dict.fromkeys(("test_drops", "test_backward"), "whatever their gates"),
     "deadlock": dict.fromkeys(CELLS, "did not finish within 4 s"),
 }
 
 
 class TestNbgrader(RoundTrip):
     assignment, submissions, cells, failed = ASSIGNMENT, SUBMISSIONS, CELLS, FAILED
-    totals = {"reference": 10, "untouched": 0, "variable_splits": 8, "drop_by_prob": 8,
+    totals = {"reference": 10, "untouched": 0, "variable_splits": 8, "drop_by_prob": 5,
               "deadlock": 0}
     stubs, hidden = 1, ("index_copy",)
     try_cell, try_fails = "try-padded", ("untouched", "deadlock")

@@ -3,7 +3,8 @@
     import labsupport.grading.padded_expert_dispatch as gp
     gp.check_forward(padded_moe)          # = the MoE layer on one process, nothing dropped
     gp.check_drops(padded_moe)            # a skewed router at c_f = 1: the same rows dropped
-    gp.check_backward(padded_moe)         # gradients of x, the router and the experts
+    gp.check_backward(padded_moe)         # gradients of x, the router and the experts,
+                                          # with nothing dropped and with drops
     gp.check_padded_traffic(padded_moe)   # bytes only: E x capacity rows per all-to-all
 
 The student writes ``padded_moe(x, router, experts, top_k, capacity_factor,
@@ -151,18 +152,35 @@ def _dropless(layer, x):
 
 
 def check_backward(fn, world_sizes=WORLD_SIZES, *, timeout=None):
-    """y.backward(dy), k = 2, nothing dropped: the gradients of x, the router and the
-    experts equal the layer's."""
-    name, factor = grading.name_of(fn), E / 2
-    for n, ranks in _runs(fn, world_sizes, TOKENS, H, 2, factor, 0.0, True, timeout):
-        want = expected(TOKENS, H, 2, factor, n, 0.0)
+    """y.backward(dy), k = 2: the gradients of x, the router and the experts equal the
+    layer's, first with nothing dropped, then with the skewed router at c_f = 1, where
+    rows are dropped (a dropped choice gets no gradient, a kept one all of its own)."""
+    for factor, skew in ((E / 2, 0.0), (1.0, 3.0)):
+        _check_grads(fn, world_sizes, factor, skew, timeout)
+
+
+def _check_grads(fn, world_sizes, factor, skew, timeout):
+    name = grading.name_of(fn)
+    for n, ranks in _runs(fn, world_sizes, TOKENS, H, 2, factor, skew, True, timeout):
+        want = expected(TOKENS, H, 2, factor, n, skew)
         per = E // n
         for rank, r in enumerate(ranks):
             _assert_output(name, r["y"], want, rank, n, 2, factor)
+            x = want["x"].chunk(n)[rank]
+            with torch.no_grad():
+                _, chosen, _ = moe.route(want["layer"].router(x), 2)
+            keep = moe.keep_mask(chosen, E, moe.capacity(len(x), 2, E, factor))
+            if skew and keep.all():          # the case must test what it says it tests
+                raise RuntimeError(f"grader: no row dropped on rank {rank} of {n} at "
+                                   f"capacity factor {factor:g}; raise the skew")
+            where = f"{name} on {n} ranks, rank {rank}"
+            if not keep.all():
+                where += (f" (capacity factor {factor:g}, {int((~keep).sum())} of "
+                          f"{keep.numel()} choices dropped)")
             wants = [want["router"], want["w1"][rank * per:(rank + 1) * per],
                      want["w2"][rank * per:(rank + 1) * per], want["dx"].chunk(n)[rank]]
             for what, got, w in zip(_GRADS, r["grads"], wants):
-                _assert_grad(f"{name} on {n} ranks, rank {rank}", what, got, w)
+                _assert_grad(where, what, got, w, chosen, keep)
 
 
 _GRADS = {
@@ -179,13 +197,25 @@ _GRADS = {
 }
 
 
-def _assert_grad(where, what, got, want):
+def _assert_grad(where, what, got, want, chosen, keep):
     if got is None:
         raise AssertionError(f"{where}: {what} is None after backward; {_GRADS[what]}")
-    if not torch.allclose(got.double(), want, **_TOL):
-        err = (got.double() - want).abs().max().item()
-        raise AssertionError(f"{where}: {what} differs from the layer's on one process by "
-                             f"up to {err:.3g}; {_GRADS[what]}")
+    if torch.allclose(got.double(), want, **_TOL):
+        return
+    err = (got.double() - want).abs().max().item()
+    text = f"{where}: {what} differs from the layer's on one process by up to {err:.3g}"
+    if keep.all():
+        raise AssertionError(f"{text}; {_GRADS[what]}")
+    if what == "x.grad":                 # one row per token: name the first wrong one
+        t = int(((got.double() - want).abs() > 1e-6).any(-1).nonzero()[0])
+        text += (f"; token {t} (it chose experts {chosen[t].tolist()}, of which the layer "
+                 f"keeps {keep[t].tolist()}) has gradient {_row(got[t])}, expected "
+                 f"{_row(want[t])}")
+    raise AssertionError(
+        f"{text}. Right with nothing dropped, wrong with drops: a dropped choice adds "
+        "nothing to y, so no gradient may flow back through it (to x, the router or an "
+        "expert), and a kept choice gets its whole gradient, whether or not its token "
+        "lost its other choice.")
 
 
 def check_padded_traffic(fn, world_sizes=(2,), *, timeout=None):
