@@ -6,8 +6,9 @@ reference (the source notebook's, ``sources.reference``) and fail each
 plausible wrong answer with the message that tells the student what to fix:
 chapter 9's variable splits and an all-gather (in
 grading_padded_expert_dispatch_cases.py) are right but send the wrong bytes;
-a dropping rule by gate, detached gates and a deadlock are edits of the
-reference; the untouched stub says where to write. Layer 4 (slow): `nbgrader
+a dropping rule by gate, detached gates, a dropped choice's gradient let
+through to x, a partly dropped token's kept choice frozen and a deadlock are
+edits of the reference; the untouched stub says where to write. Layer 4 (slow): `nbgrader
 generate_assignment`, `autograde` and `export` on the assignment with five
 submissions whose scores per test cell are known.
 """
