@@ -85,8 +85,8 @@ def hybrid_step(model, opt, ids, targets, dp_group):
 
 def train_device_mesh(cfg, batches, lr, dp, tp):
     """One step per batch on init_device_mesh's (dp, tp) mesh: DTensor TP on "tp", then
-    fully_shard on "dp". Returns the full parameters (``full_tensor``), the
-    same on every rank.
+    fully_shard on "dp", each block then the root (chapter 7). Returns the full
+    parameters (``full_tensor``), the same on every rank.
     """
     # DTensor warns that gathering a (dp, tp)-sharded parameter takes two
     # all-gathers
@@ -94,7 +94,9 @@ def train_device_mesh(cfg, batches, lr, dp, tp):
         logging.ERROR)
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     model = parallelize_dtensor(models.GPT(cfg, seed=0), mesh["tp"])
-    fully_shard(model, mesh=mesh["dp"])
+    for block in model.blocks:                     # one unit per block: its
+        fully_shard(block, mesh=mesh["dp"])        # all-gather just before it
+    fully_shard(model, mesh=mesh["dp"])            # the root: the rest
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     dp_rank = mesh["dp"].get_local_rank()
     for ids, targets in batches:
