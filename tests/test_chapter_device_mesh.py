@@ -6,7 +6,6 @@ import sys
 
 import cloudpickle
 import pytest
-import torch.distributed as dist
 
 import labsupport as ls
 from labsupport.device_mesh import mesh
@@ -62,41 +61,72 @@ def test_an_unwritten_axis_groups_is_reported_not_failed(capsys):
     assert "axis_groups is not written yet" in capsys.readouterr().out
 
 
-# -- average_grads: on 4 ranks --------------------------------------------------------
+# -- grad_sync_plan: on 8 ranks (2 x 2 x 2) -----------------------------------------
 
-def _world_average(model, dp_group):
-    for p in model.parameters():
-        dist.all_reduce(p.grad)
-        p.grad /= dist.get_world_size()
+def _right(names, dp, cp, tp, sequence_parallel):
+    plan = {}
+    for name in names:
+        axes = ("dp", "cp")
+        if sequence_parallel and (name.startswith("ln.") or name == "fc2.bias"):
+            axes += ("tp",)
+        plan[name] = (axes, dp * cp)
+    return plan
 
 
-def _sum_only(model, dp_group):
-    for p in model.parameters():
-        dist.all_reduce(p.grad, group=dp_group)
+def _layernorm_not_over_tp(names, dp, cp, tp, sequence_parallel):
+    plan = _right(names, dp, cp, tp, sequence_parallel)
+    plan["ln.weight"] = plan["ln.bias"] = (("dp", "cp"), dp * cp)
+    return plan
 
 
-def _tp_average(model, dp_group):
-    tp_group, _ = mesh.grid_groups(2, 2)
-    for p in model.parameters():
-        dist.all_reduce(p.grad, group=tp_group)
-        p.grad /= 2
+def _sp_bias_forgotten(names, dp, cp, tp, sequence_parallel):
+    plan = _right(names, dp, cp, tp, sequence_parallel)
+    plan["fc2.bias"] = (("dp", "cp"), dp * cp)
+    return plan
+
+
+def _dp_only(names, dp, cp, tp, sequence_parallel):      # chapter 3's loop
+    return {name: (("dp",), dp) for name in names}
+
+
+def _divided_by_tp_too(names, dp, cp, tp, sequence_parallel):
+    return {name: (axes, dp * cp * tp if "tp" in axes else d)
+            for name, (axes, d) in _right(names, dp, cp, tp, sequence_parallel).items()}
+
+
+def _layernorm_over_tp_always(names, dp, cp, tp, sequence_parallel):
+    return _right(names, dp, cp, tp, True)
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = ls.start(world_size=4, backend="gloo")
+    c = ls.start(world_size=8, backend="gloo")
     yield c
     c.shutdown()
 
 
-def test_average_check_passes_the_solution(cluster):
-    cluster.run(checks.check_average_grads, mesh.average_grads)
+def test_grad_sync_check_passes_the_right_plan(cluster):
+    cluster.run(checks.check_grad_sync, _right)
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (_world_average, "averaged over the whole world"),
-    (_sum_only, "summed but not divided"),
-    (_tp_average, "averaged over the tp group")])
-def test_average_check_names_the_mistake(cluster, wrong, message):
+    (_layernorm_not_over_tp, r"sequence_parallel=True, rank \d, ln.weight: partial "
+                             r"over tp under SP .* not reduced over tp"),
+    (_sp_bias_forgotten, r"sequence_parallel=True, rank \d, fc2.bias: partial over tp"),
+    (_dp_only, r"sequence_parallel=False, rank \d, ln.weight: partial over cp"),
+    (_divided_by_tp_too, r"sequence_parallel=True, rank \d, ln.weight: reduced over "
+                         r"the right groups \('dp', 'cp', 'tp'\), but divided by 8: "
+                         r".*needs 4"),
+    (_layernorm_over_tp_always, r"sequence_parallel=False, rank \d, ln.weight: "
+                                r"already whole on each tp rank .* counts it 2 times")])
+def test_grad_sync_check_names_the_parameter_and_the_mistake(cluster, wrong, message):
     with pytest.raises(ls.RankError, match=message):
-        cluster.run(checks.check_average_grads, wrong)
+        cluster.run(checks.check_grad_sync, wrong)
+
+
+def test_an_unwritten_grad_sync_plan_is_reported_not_failed(cluster, capsys):
+    def stub(names, dp, cp, tp, sequence_parallel):
+        raise ls.NotWritten("grad_sync_plan")
+    assert ls.your_turn.check(lambda: cluster.run(checks.check_grad_sync, stub),
+                              "grad_sync_plan") is None
+    assert "grad_sync_plan is not written yet" in capsys.readouterr().out

@@ -170,7 +170,7 @@ def test_solutions_and_answers_are_collapsed_in_jupyterlab():
     for cell in hidden:
         assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, cell.source[:60]
     stubs = [c for c in cells if "your-turn" in c.metadata.get("tags", [])]
-    assert [c.source.split("(")[0] for c in stubs] == ["def axis_groups", "def average_grads"]
+    assert [c.source.split("(")[0] for c in stubs] == ["def axis_groups", "def grad_sync_plan"]
 
 
 # -- last: 8 ranks, a new group of processes (the 4-rank cluster above ends) ----------
