@@ -207,7 +207,8 @@ def ep_min_ffn(hw, n, act_bytes=2, inside_node=True, backward=False) -> float:
 
 # -- FLOPs of the shared decoder ----------------------------------------------------
 
-def decoder_flops(tokens, seq, layers, hidden, vocab, ffn=None, backward=True) -> float:
+def decoder_flops(tokens, seq, layers, hidden, vocab, ffn=None, backward=True,
+                  causal=False) -> float:
     """FLOPs of ``labsupport.models.GPT`` on ``tokens`` tokens of sequences of ``seq``.
 
     Forward: 2 FLOPs per multiply-add of every matmul, 2·(4h² + 2hF)·L per
@@ -215,10 +216,19 @@ def decoder_flops(tokens, seq, layers, hidden, vocab, ffn=None, backward=True) -
     2·2·s·h per token per layer (the full s×s scores: what SDPA computes on
     the CPU; causal kernels skip about half). A training step is forward plus
     backward, 3x the forward (Kaplan et al. 2020, arXiv 2001.08361, §2.1;
-    Narayanan et al. 2021, arXiv 2104.04473, appendix).
+    Narayanan et al. 2021, arXiv 2104.04473, appendix). Per token and step:
+    6N + 12·L·h·s, N the matmul weights (the blocks' and the head's): the
+    count of PaLM (arXiv 2204.02311, appendix B), nanoGPT's ``estimate_mfu``,
+    torchtitan's ``get_num_flop_per_token`` and Megatron-LM's
+    ``num_floating_point_operations``, all of which charge the full s×s
+    scores. With ``causal``, 6N + 6·L·h·s: only the scores at or below the
+    diagonal, which a causal kernel computes, as FlashAttention's benchmarks
+    count (``benchmarks/benchmark_flash_attention.py``: ``// (2 if causal
+    else 1)``) and NVIDIA's Megatron-Bridge does with ``causal_tflops``.
     """
     ffn = ffn or 4 * hidden
-    per_token = 2 * layers * (4 * hidden**2 + 2 * hidden * ffn + 2 * seq * hidden)
+    scores = seq / 2 if causal else seq
+    per_token = 2 * layers * (4 * hidden**2 + 2 * hidden * ffn + 2 * scores * hidden)
     per_token += 2 * hidden * vocab
     return (3 if backward else 1) * tokens * per_token
 

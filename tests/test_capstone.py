@@ -183,3 +183,24 @@ def test_parity_table_rows():
     for r in rows:
         assert r["step0_rel"] <= 1e-6 and r["grad_rel"] <= GRAD_TOL
         assert r["curve_rel"] <= 1e-4
+
+
+def test_flops_per_token_both_conventions():
+    from labsupport.capstone import flops
+    cfg = model.config(vocab_size=256, seq_len=64, hidden=48, heads=4, layers=3)
+    n = cfg.layers * 12 * cfg.hidden ** 2 + cfg.vocab_size * cfg.hidden   # matmul weights
+    full = 6 * n + 12 * cfg.layers * cfg.hidden * 64
+    assert flops.per_token(cfg, 64) == pytest.approx(full)
+    assert flops.per_token(cfg, 64, causal=True) == pytest.approx(full - 6 * 3 * 48 * 64)
+    assert flops.mfu(1000.0, full, 1000.0 * full) == pytest.approx(1.0)
+
+
+def test_cpu_theoretical_peak_reads_cpuinfo(tmp_path):
+    from labsupport.capstone import flops
+    f = tmp_path / "cpuinfo"
+    f.write_text("model name\t: Some CPU\ncpu MHz\t\t: 2000.000\n"
+                 "flags\t\t: fpu sse avx2 fma\n")
+    p = flops.cpu_theoretical_peak(str(f))
+    cores = p["cores"]
+    assert (p["isa"], p["ghz"]) == ("avx2", 2.0)
+    assert p["low"] == pytest.approx(cores * 2e9 * 8 * 2) and p["high"] == 2 * p["low"]
