@@ -64,6 +64,13 @@ PP_ZEROS = (
     "        v, h = stage.cfg.vocab_size // layout.tp, stage.cfg.hidden\n"
     "        buf = tied.grad if tied is not None else torch.zeros(v, h)\n"
     "        dist.all_reduce(buf, group=groups[\"pp\"])\n")
+FUNCTIONAL = """
+
+
+def _functional_all_reduce(t, group):
+    import torch.distributed._functional_collectives as funcol
+    t.copy_(funcol.all_reduce(t, "sum", group))
+"""
 EDITS = {  # name -> the reference's sync_gradients cell, edited
     "untied": sources.replaced((EMBEDDING_AR, "pass  # the tied weight left as it is")),
     "dp_not_cp": sources.replaced((DIVIDE, "flat /= layout.dp")),
@@ -75,6 +82,11 @@ EDITS = {  # name -> the reference's sync_gradients cell, edited
                                 "\n        stage.tok.weight.grad += "
                                 "stage.lm_head.weight.grad"),
     "pp_zeros": sources.replaced(PP_ZEROS),
+    "grad_dropped": lambda src: src + ("\n    for p in stage.sp_params:  # freed, as if done"
+                                       "\n        p.grad = None"),
+    # right, through functional collectives, which torch.distributed's hooks do not see
+    "functional": lambda src: src.replace(
+        "dist.all_reduce(", "_functional_all_reduce(") + FUNCTIONAL,
 }
 
 
@@ -175,6 +187,18 @@ def test_the_tied_weight_over_every_stage_loses_the_traffic():
     gs.check_traffic(pp, [(2, 1, 2, 1)])                  # pp = 2: the same two ranks
     text = fails(gs.check_traffic, pp, [(1, 2, 3, 1)])
     assert "Unnecessary groups: pp." in text
+
+
+def test_a_gradient_left_none_is_named():
+    text = fails(gs.check_parity, wrong("grad_dropped"), [(2, 2, 1, 1)])
+    assert "rank 0's pos.weight" in text and "had no gradient (.grad is None)" in text
+
+
+def test_bytes_that_torch_distributed_does_not_see_get_no_traffic_points():
+    functional = wrong("functional")
+    gs.check_parity(functional, [(2, 1, 2, 1)])
+    text = fails(gs.check_traffic, functional, [(2, 1, 2, 1)])
+    assert "no call of ranks [0, 1, 2, 3] went through torch.distributed's" in text
 
 
 def test_a_wrong_answer_gets_no_traffic_points():

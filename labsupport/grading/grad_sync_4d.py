@@ -45,7 +45,7 @@ from labsupport.capstone import compare, trainer
 from labsupport.capstone import data as capdata
 from labsupport.capstone.layout import Layout, make_groups
 from labsupport.capstone.model import Stage, validate
-from labsupport.grading.diagnosis import log_path, name_of, run_on_ranks
+from labsupport.grading.diagnosis import TIMEOUT, log_path, name_of, run_on_ranks
 from labsupport.launch import identity
 
 VISIBLE = {"two_stages": ((2, 1, 2, 1),), "one_stage": ((2, 2, 1, 1),),
@@ -177,6 +177,12 @@ def check_traffic(sync, layouts=TRAFFIC, timeout=None):
         if problem:
             raise AssertionError(f"{name} is not right yet on {_describe(layout)}, so its "
                                  f"bytes are not graded: {problem}")
+        unseen = [o["rank"] for o in outs if needed_bytes(o) and not o["calls"]]
+        if unseen:
+            raise AssertionError(
+                f"{name} on {_describe(layout)}: no call of ranks {unseen} went through "
+                "torch.distributed's collectives (dist.all_reduce and the like), so "
+                "their bytes cannot be counted: synchronise with them.")
         over = [o for o in outs if _sent(o["calls"]) > needed_bytes(o) * (1 + 1e-9)]
         if over:
             raise AssertionError(f"{name} on {_describe(layout)}: " + _traffic_message(
@@ -278,6 +284,18 @@ def _traffic_message(over, layout) -> str:
 # -- comparing a layout with one process -----------------------------------------------
 
 def _parity_problem(outs, ref, layout) -> str | None:
+    for o in outs:
+        if o["missing"]:
+            return (f"after your sync rank {o['rank']}'s {', '.join(o['missing'][:3])} "
+                    "had no gradient (.grad is None): leave every gradient in its "
+                    "parameter's .grad")
+        for n, g in o["grads"].items():
+            want = compare.local_slice(ref["grads"][n], o["shards"][n])
+            if g.shape != want.shape or g.dtype != want.dtype:
+                return (f"after your sync rank {o['rank']}'s {n}.grad is a {g.dtype} "
+                        f"tensor of shape {tuple(g.shape)}, where its parameter is "
+                        f"{want.dtype} {tuple(want.shape)}: keep each gradient the "
+                        "shape of its parameter's shard")
     diffs = compare.grad_differences([dict(o, grads={0: o["grads"]}) for o in outs],
                                      ref["grads"], 0)
     bad = [n for n in ref["grads"] if n in diffs and diffs[n][1]]
@@ -389,6 +407,7 @@ _RUNS = {}   # (id(sync), layout, timeout) -> (sync, outs or the failure's text)
 def _outcome(sync, layout, timeout):
     """The ranks' results of ``_train`` with ``sync`` (once per function and layout:
     the parity and traffic checks share a run); a failure -> AssertionError."""
+    timeout = TIMEOUT if timeout is None else timeout
     key = (id(sync), tuple(layout), timeout)
     if key not in _RUNS or _RUNS[key][0] is not sync:
         try:
@@ -426,7 +445,8 @@ def _train(log_dir, sync, layout):
             seen["calls"] = [dict(op=c["op"], kind=c["kind"], ranks=c["ranks"],
                                   nbytes=c["nbytes"]) for c in log.calls]
             seen["grads"] = {n: p.grad.detach().clone() for n, p in stage.named_parameters()
-                             if p.grad is not None}
+                             if isinstance(p.grad, torch.Tensor)}
+            seen["missing"] = [n for n, p in stage.named_parameters() if n not in seen["grads"]]
 
     traced.__name__ = name_of(sync)
     losses, dev = [], identity.device()
@@ -443,5 +463,5 @@ def _train(log_dir, sync, layout):
                 grads={rename.get(n, n): g.cpu() for n, g in seen["grads"].items()},
                 shards={rename.get(n, n): s for n, s in shards.items()},
                 sp=[rename.get(n, n) for n, p in stage.named_parameters() if id(p) in sp],
-                calls=seen["calls"],
+                calls=seen["calls"], missing=seen["missing"],
                 group_ranks={n: r and list(r) for n, r in groups["ranks"].items()})
