@@ -1,5 +1,5 @@
-# Run: PYTHONPATH=$PWD flock /tmp/heavy.lock .venv/bin/python -m pytest tests/test_grading_grad_sync_4d.py
-# (add -m "not slow" for the checks alone)
+# Run: PYTHONPATH=$PWD flock /tmp/heavy.lock .venv/bin/python -m pytest \
+#   tests/test_grading_grad_sync_4d.py   (~2 min; -m "not slow": the checks alone)
 """Graded assignment 9 (the gradient synchronisation of a 4-D layout, embedding tied):
 labsupport.grading.grad_sync_4d, then the real nbgrader pipeline.
 
@@ -74,16 +74,18 @@ def _functional_all_reduce(t, group):
 EDITS = {  # name -> the reference's sync_gradients cell, edited
     "untied": sources.replaced((EMBEDDING_AR, "pass  # the tied weight left as it is")),
     "dp_not_cp": sources.replaced((DIVIDE, "flat /= layout.dp")),
-    "tp_mean": sources.replaced((TP_AR, TP_AR + "\n                p.grad /= layout.tp")),
+    "tp_mean": sources.replaced((TP_AR,
+                                 TP_AR + "\n                p.grad /= layout.tp")),
     "world": WORLD,
     "deadlock": sources.replaced(("if tied is not None and layout.pp > 1:",
                                   "if stage.first and layout.pp > 1:")),
-    "twice": lambda src: src + ("\n    if stage.first and stage.last:  # the head's part too"
-                                "\n        stage.tok.weight.grad += "
-                                "stage.lm_head.weight.grad"),
+    "twice": lambda src: src + (
+        "\n    if stage.first and stage.last:  # the head's part too"
+        "\n        stage.tok.weight.grad += stage.lm_head.weight.grad"),
     "pp_zeros": sources.replaced(PP_ZEROS),
-    "grad_dropped": lambda src: src + ("\n    for p in stage.sp_params:  # freed, as if done"
-                                       "\n        p.grad = None"),
+    "grad_dropped": lambda src: src + (
+        "\n    for p in stage.sp_params:  # freed, as if done"
+        "\n        p.grad = None"),
     # right, through functional collectives, which torch.distributed's hooks do not see
     "functional": lambda src: src.replace(
         "dist.all_reduce(", "_functional_all_reduce(") + FUNCTIONAL,
@@ -91,7 +93,8 @@ EDITS = {  # name -> the reference's sync_gradients cell, edited
 
 
 def wrong(name):
-    return sources.reference(ASSIGNMENT, {"sync_gradients": EDITS[name]}, name).sync_gradients
+    module = sources.reference(ASSIGNMENT, {"sync_gradients": EDITS[name]}, name)
+    return module.sync_gradients
 
 
 # -- layer 1: the plumbing ------------------------------------------------------------
@@ -113,7 +116,8 @@ def _stage_facts(layout):
     names = [n for n, _ in stage.named_parameters()]
     return dict(first=stage.first, last=stage.last, names=names,
                 tied=None if tied is None else tied.detach().clone(),
-                same=stage.first and stage.last and stage.tok.weight is stage.lm_head.weight,
+                same=stage.first and stage.last
+                and stage.tok.weight is stage.lm_head.weight,
                 embedding=groups["ranks"]["embedding"])
 
 
@@ -123,7 +127,8 @@ def test_the_tied_stage_holds_the_embedding_shard_on_both_ends():
     for rank in (0, 1, 4, 5):           # first and last stage: tp rank's V/tp rows
         o, tp_rank = outs[rank], rank % 2
         assert torch.equal(o["tied"], gpt.tok.weight.detach().chunk(2)[tp_rank])
-    assert [o["embedding"] for o in outs] == [[0, 4], [1, 5], None, None, [0, 4], [1, 5]]
+    embedding = [o["embedding"] for o in outs]
+    assert embedding == [[0, 4], [1, 5], None, None, [0, 4], [1, 5]]
     assert "lm_head.weight" in outs[4]["names"] and "tok.weight" in outs[0]["names"]
     assert outs[2]["tied"] is None
     one = ls.run(_stage_facts, (2, 2, 1, 1), world_size=4, backend="gloo")
@@ -136,7 +141,7 @@ def test_the_one_process_reference_is_the_tied_decoder():
     assert gs.tied_config().tie_weights and len(out["losses"]) == gs.STEPS
 
 
-# -- layer 1: the checks ----------------------------------------------------------------
+# -- layer 1: the checks ---------------------------------------------------------
 
 def test_the_reference_passes_every_check_on_every_layout():
     for layouts in gs.VISIBLE.values():
@@ -149,7 +154,7 @@ def test_the_reference_passes_every_check_on_every_layout():
 
 def test_the_tied_weight_not_summed_across_stages_is_named():
     text = fails(gs.check_parity, wrong("untied"), [(2, 1, 2, 1)])
-    assert "the gradient of tok.weight (the token embedding, tied to the LM head" in text
+    assert "the gradient of tok.weight (the token embedding, tied to the LM" in text
     assert "summed over the embedding group" in text
     gs.check_parity(wrong("untied"), [(2, 2, 1, 1)])      # one stage: nothing to sum
 
@@ -177,7 +182,8 @@ def test_everything_over_the_world_is_right_but_loses_the_traffic():
     gs.check_parity(world, [(2, 1, 2, 1), (1, 2, 2, 2)])
     text = fails(gs.check_traffic, world, [(2, 1, 2, 1)])
     assert "rank 0 sent 205056 B" in text and "needs 118400 B" in text
-    assert "by group: the world 205056 B; needed: dp_cp 85632 B, embedding 32768 B" in text
+    assert ("by group: the world 205056 B; needed: dp_cp 85632 B, embedding 32768 B"
+            in text)
     assert "Unnecessary groups: the world." in text
 
 
@@ -221,7 +227,7 @@ def test_the_untouched_stub_says_what_to_do():
     assert "NotImplementedError" in text and "Write your solution in place" in text
 
 
-# -- layer 4: nbgrader on assignment 9 ----------------------------------------------------
+# -- layer 4: nbgrader on assignment 9 -------------------------------------------
 
 SUBMISSIONS = {"reference": {}, "untouched": None,
                **{name: {"sync_gradients": EDITS[name]}
@@ -231,13 +237,15 @@ CELLS = {"test_two_stages": 2, "test_one_stage": 1, "test_all_dims": 2,
 FAILED = {  # submission -> the test cells that score zero, and what their message says
     "reference": {},
     "untouched": dict.fromkeys(CELLS, "NotImplementedError"),
-    "untied": {**dict.fromkeys(("test_two_stages", "test_all_dims", "test_more_layouts"),
+    "untied": {**dict.fromkeys(("test_two_stages", "test_all_dims",
+                                "test_more_layouts"),
                                "summed over the embedding group"),
                "test_traffic": "is not right yet"},
     "dp_not_cp": {"test_all_dims": "summed over dp x cp but not divided by dp·cp = 2",
                   "test_more_layouts": "divided by dp = 2 only",
                   "test_traffic": "is not right yet"},
-    "tp_mean": {**dict.fromkeys(("test_one_stage", "test_all_dims", "test_more_layouts"),
+    "tp_mean": {**dict.fromkeys(("test_one_stage", "test_all_dims",
+                                 "test_more_layouts"),
                                 "must be summed over tp, not averaged"),
                 "test_traffic": "is not right yet"},
     "world": {"test_traffic": "Unnecessary groups: the world."},
@@ -248,8 +256,8 @@ FAILED = {  # submission -> the test cells that score zero, and what their messa
 
 class TestNbgrader(RoundTrip):
     assignment, submissions, cells, failed = ASSIGNMENT, SUBMISSIONS, CELLS, FAILED
-    totals = {"reference": 10, "untouched": 0, "untied": 1, "dp_not_cp": 3, "tp_mean": 2,
-              "world": 8, "deadlock": 1}
+    totals = {"reference": 10, "untouched": 0, "untied": 1, "dp_not_cp": 3,
+              "tp_mean": 2, "world": 8, "deadlock": 1}
     stubs, hidden = 1, ("(3, 1, 2, 1)", "(2, 1, 2, 2)")
     try_cell, try_fails = "try-sync", ("untouched", "deadlock")
     timeout = 500

@@ -59,7 +59,8 @@ TIED = "tok.weight"   # the one-process name of the tied weight
 
 
 def tied_config(layers=2) -> models.GPTConfig:
-    """The assignment's decoder: chapter 11's sizes, the LM head tied to the embedding."""
+    """The assignment's decoder: chapter 11's sizes, the LM head tied to the
+    token embedding."""
     return models.GPTConfig(**SIZES, seq_len=SEQ_LEN, layers=layers, tie_weights=True)
 
 
@@ -175,14 +176,14 @@ def check_traffic(sync, layouts=TRAFFIC, timeout=None):
         outs = _outcome(sync, layout, timeout)
         problem = _parity_problem(outs, reference(layers_for(layout)), layout)
         if problem:
-            raise AssertionError(f"{name} is not right yet on {_describe(layout)}, so its "
-                                 f"bytes are not graded: {problem}")
+            raise AssertionError(f"{name} is not right yet on {_describe(layout)}, so "
+                                 f"its bytes are not graded: {problem}")
         unseen = [o["rank"] for o in outs if needed_bytes(o) and not o["calls"]]
         if unseen:
             raise AssertionError(
-                f"{name} on {_describe(layout)}: no call of ranks {unseen} went through "
-                "torch.distributed's collectives (dist.all_reduce and the like), so "
-                "their bytes cannot be counted: synchronise with them.")
+                f"{name} on {_describe(layout)}: no call of ranks {unseen} went "
+                "through torch.distributed's collectives (dist.all_reduce and the "
+                "like), so their bytes cannot be counted: synchronise with them.")
         over = [o for o in outs if _sent(o["calls"]) > needed_bytes(o) * (1 + 1e-9)]
         if over:
             raise AssertionError(f"{name} on {_describe(layout)}: " + _traffic_message(
@@ -225,7 +226,7 @@ def needed_bytes(out) -> float:
     return sum(2 * (sizes[n] - 1) / sizes[n] * b for n, b in needed(out).items())
 
 
-_FACTOR = {"all_reduce": 2, "broadcast": 1, "reduce": 1}   # others: 1 (a gather/scatter)
+_FACTOR = {"all_reduce": 2, "broadcast": 1, "reduce": 1}   # others: 1 (gather, scatter)
 
 
 def _sent(recorded) -> float:
@@ -271,10 +272,11 @@ def _traffic_message(over, layout) -> str:
             f"needed: {want}. ")
     if extra:
         text += ("Unnecessary groups: " + ", ".join(extra) + ". ")
-    text += ("Reduce each gradient only over the ranks whose copies must be combined: "
-             "the partial ones of sequence parallelism over tp, every one averaged over "
-             "dp x cp in one all-reduce (dp_cp, not dp then cp), the tied weight summed "
-             "over its embedding group (the two ranks holding it, not every stage).")
+    text += ("Reduce each gradient only over the ranks whose copies must be "
+             "combined: the partial ones of sequence parallelism over tp, every one "
+             "averaged over dp x cp in one all-reduce (dp_cp, not dp then cp), the "
+             "tied weight summed over its embedding group (the two ranks holding it, "
+             "not every stage).")
     others = sorted({x["rank"] for x in over} - {o["rank"]})
     if others:
         text += f" Ranks {others} too."
@@ -348,25 +350,27 @@ def _diagnose(outs, ref, name, ranks, layout) -> str:
 
     dp, cp, tp, pp = layout.dp, layout.cp, layout.tp, layout.pp
     if name == TIED and pp > 1 and summed_over(("pp",)):
-        return ("The first stage's gradient (the embedding's use) plus the last stage's "
-                "(the LM head's) is the one-process gradient: the tied weight's two "
-                "copies must be summed over the embedding group, groups['embedding'] "
-                "(the first and last stage's ranks of the same dp, cp and tp), so that "
-                "both stages step it the same way.")
+        return ("The first stage's gradient (the embedding's use) plus the last "
+                "stage's (the LM head's) is the one-process gradient: the tied "
+                "weight's two copies must be summed over the embedding group, "
+                "groups['embedding'] (the first and last stage's ranks of the same dp, "
+                "cp and tp), so that both stages step it the same way.")
     if name == TIED and pp == 1 and factor(2):
         return ("It is twice the one-process gradient. With pp = 1 the embedding and "
-                "the LM head are one Parameter on one stage: autograd has already summed "
-                "both uses, so there is nothing to add across stages (and the embedding "
-                "group is this rank alone).")
+                "the LM head are one Parameter on one stage: autograd has already "
+                "summed both uses, so there is nothing to add across stages (and the "
+                "embedding group is this rank alone).")
     if tp > 1 and any(sp[r] for r in ranks) and summed_over(("tp",)):
         return ("Its sum over the tp group is the one-process gradient: under sequence "
                 "parallelism each tp rank's LayerNorms (and row-parallel biases, the "
-                "position embedding) saw only its s/tp positions, so their gradients are "
-                "partial and must be summed over tp, not averaged.")
-    if dp * cp > 1 and all(close(_replica_mean(local, coords, q), want[q]) for q in ranks):
-        return (f"The mean over the {dp * cp} dp x cp ranks is the one-process gradient: "
-                "each of them saw different tokens (rows for dp, positions for cp), so "
-                "every gradient must be averaged over dp_cp (a sum, then / dp·cp).")
+                "position embedding) saw only its s/tp positions, so their gradients "
+                "are partial and must be summed over tp, not averaged.")
+    if dp * cp > 1 and all(close(_replica_mean(local, coords, q), want[q])
+                           for q in ranks):
+        return (f"The mean over the {dp * cp} dp x cp ranks is the one-process "
+                "gradient: each of them saw different tokens (rows for dp, positions "
+                "for cp), so every gradient must be averaged over dp_cp (a sum, then "
+                "/ dp·cp).")
     readings = [(dp * cp, f"summed over dp x cp but not divided by dp·cp = {dp * cp}"),
                 (cp, f"divided by dp = {dp} only: the cp ranks also saw different "
                      f"tokens (their positions), so divide by dp·cp = {dp * cp}"),
@@ -381,16 +385,17 @@ def _diagnose(outs, ref, name, ranks, layout) -> str:
         if k > 1 and all(close(local[r] * k, want[r]) for r in ranks):
             return (f"It is 1/{k} of the one-process gradient: divided by {k} once too "
                     "often (average over dp x cp = a sum, then one division by dp·cp).")
-    return ("No missing or doubled reduction over one group explains it: check which "
-            "parameters are partial under sequence parallelism (sum over tp), that every "
-            "gradient is averaged over dp x cp, and that only the tied weight is summed "
-            "over the embedding group.")
+    return ("No missing or doubled reduction over one group explains it: check "
+            "which parameters are partial under sequence parallelism (sum over tp), "
+            "that every gradient is averaged over dp x cp, and that only the tied "
+            "weight is summed over the embedding group.")
 
 
 def _replica_mean(local, coords, q):
     """The mean of ``local`` over the ranks holding rank q's piece of the model
     (those that differ from it in dp and cp only)."""
-    same = [r for r in local if (coords[r].pp, coords[r].tp) == (coords[q].pp, coords[q].tp)]
+    piece = (coords[q].pp, coords[q].tp)
+    same = [r for r in local if (coords[r].pp, coords[r].tp) == piece]
     return sum(local[r] for r in same) / len(same)
 
 
@@ -399,7 +404,7 @@ def _describe(layout) -> str:
             f"({layout.world_size} ranks)")
 
 
-# -- running the student's sync on the ranks ---------------------------------------------
+# -- running the student's sync on the ranks ------------------------------------------
 
 _RUNS = {}   # (id(sync), layout, timeout) -> (sync, outs or the failure's text)
 
@@ -444,9 +449,10 @@ def _train(log_dir, sync, layout):
         if not seen:
             seen["calls"] = [dict(op=c["op"], kind=c["kind"], ranks=c["ranks"],
                                   nbytes=c["nbytes"]) for c in log.calls]
-            seen["grads"] = {n: p.grad.detach().clone() for n, p in stage.named_parameters()
+            named = list(stage.named_parameters())
+            seen["grads"] = {n: p.grad.detach().clone() for n, p in named
                              if isinstance(p.grad, torch.Tensor)}
-            seen["missing"] = [n for n, p in stage.named_parameters() if n not in seen["grads"]]
+            seen["missing"] = [n for n, _ in named if n not in seen["grads"]]
 
     traced.__name__ = name_of(sync)
     losses, dev = [], identity.device()
@@ -462,6 +468,7 @@ def _train(log_dir, sync, layout):
     return dict(rank=rank, layout=tuple(layout), coords=tuple(coords), losses=losses,
                 grads={rename.get(n, n): g.cpu() for n, g in seen["grads"].items()},
                 shards={rename.get(n, n): s for n, s in shards.items()},
-                sp=[rename.get(n, n) for n, p in stage.named_parameters() if id(p) in sp],
+                sp=[rename.get(n, n) for n, p in stage.named_parameters()
+                    if id(p) in sp],
                 calls=seen["calls"], missing=seen["missing"],
                 group_ranks={n: r and list(r) for n, r in groups["ranks"].items()})
