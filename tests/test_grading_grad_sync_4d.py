@@ -8,7 +8,7 @@ is the tied GPT; the reference (the source notebook's, ``sources.reference``)
 passes every check on the visible and hidden layouts; each plausible wrong
 answer, written as an edit of it, fails with the message that says what to fix:
 the tied weight not summed across the stages, the average over dp x cp divided
-by dp only, the SP LayerNorms averaged over tp, the tied weight counted twice on
+by dp only, the SP LayerNorms averaged over tp or not reduced, the tied weight counted twice on
 one stage, a right answer over the whole world or over every stage (traffic), a
 deadlock (only the first stage calls the embedding group's all-reduce) ended at
 the deadline. Layer 4 (slow): `nbgrader generate_assignment`, `autograde` and
@@ -76,6 +76,7 @@ EDITS = {  # name -> the reference's sync_gradients cell, edited
     "dp_not_cp": sources.replaced((DIVIDE, "flat /= layout.dp")),
     "tp_mean": sources.replaced((TP_AR,
                                  TP_AR + "\n                p.grad /= layout.tp")),
+    "no_tp": sources.replaced((TP_AR, "pass  # the SP gradients left partial")),
     "world": WORLD,
     "deadlock": sources.replaced(("if tied is not None and layout.pp > 1:",
                                   "if stage.first and layout.pp > 1:")),
@@ -170,6 +171,12 @@ def test_sp_layernorms_averaged_over_tp_are_named():
     text = fails(gs.check_parity, wrong("tp_mean"), [(2, 2, 1, 1)])
     assert "the gradient of pos.weight" in text
     assert "must be summed over tp, not averaged" in text
+
+
+def test_sp_layernorms_not_reduced_over_tp_are_named():
+    text = fails(gs.check_parity, wrong("no_tp"), [(1, 2, 2, 2)])
+    assert "the gradient of pos.weight" in text
+    assert "Its sum over the tp group is the one-process gradient" in text
 
 
 def test_the_tied_weight_counted_twice_on_one_stage_is_named():
