@@ -8,13 +8,13 @@ is the tied GPT; the reference (the source notebook's, ``sources.reference``)
 passes every check on the visible and hidden layouts; each plausible wrong
 answer, written as an edit of it, fails with the message that says what to fix:
 the tied weight not summed across the stages, the average over dp x cp divided
-by dp only, the SP LayerNorms averaged over tp or not reduced, the tied weight counted twice on
-one stage, a right answer over the whole world or over every stage (traffic), a
+by dp only, the SP LayerNorms averaged over tp or not reduced, the tied weight
+counted twice on one stage, a gradient left None, a right answer over the whole
+world, over every stage or through functional collectives (traffic), a
 deadlock (only the first stage calls the embedding group's all-reduce) ended at
 the deadline. Layer 4 (slow): `nbgrader generate_assignment`, `autograde` and
 `export` on the assignment with seven submissions whose scores are known.
 """
-import pytest
 import torch
 import torch.distributed as dist
 
