@@ -4,7 +4,6 @@ Megatron Core's order, step time with the overlap conditions, MFU, experts.
 
 (The context-parallel bytes against ring attention's own sends: tests/test_mesh.py.)
 """
-import math
 
 import pytest
 
