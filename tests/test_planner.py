@@ -1,6 +1,9 @@
 # Run: .venv/bin/python -m pytest tests/test_planner.py
 """labsupport.device_mesh.planner: layouts, memory from chapter 0's calculator, bytes, placement in
-Megatron Core's order, step time with the overlap conditions, MFU, experts.
+Megatron Core's order, step time with the overlap conditions, MFU, experts; the
+pipeline's stages, the embedding on the first and the LM head on the last, the
+slowest stage setting the step (1F1B's length, against chapter 5's schedule)
+and the fullest the memory.
 
 (The context-parallel bytes against ring attention's own sends: tests/test_mesh.py.)
 """
