@@ -37,7 +37,8 @@ def _loops_after_groups():
 
 
 def test_every_gloo_loop_runs_at_nice_ten_and_nothing_else_moves():
-    for base, before, after in ls.run(_loops_after_groups, world_size=2, backend="gloo"):
+    runs = ls.run(_loops_after_groups, world_size=2, backend="gloo")
+    for base, before, after in runs:
         loops = after[gloo_threads.LOOP]
         assert len(loops) > len(before[gloo_threads.LOOP]) >= 1  # new groups' loops
         assert set(loops) == {max(base, gloo_threads.NICE)}
