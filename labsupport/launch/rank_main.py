@@ -94,10 +94,8 @@ def _init_process_group(spec: dict):
                             device_id=device if device.type == "cuda" else None)
     identity.STATE.update(rank=spec["rank"], world_size=spec["world_size"], device=device,
                  backend=spec["backend"])
-    from labsupport.launch import gloo_threads, strict_p2p
+    from labsupport.launch import strict_p2p
     strict_p2p.install()  # NCCL's point-to-point rules on gloo, if LABSUPPORT_P2P=strict
-    if spec["backend"] == "gloo":
-        gloo_threads.install()  # gloo's event loops yield shared cores to the rank
     NAMESPACE.update(rank=spec["rank"], world_size=spec["world_size"],
                      local_rank=spec["rank"], device=device, dist=dist, torch=torch,
                      __name__="__main__")

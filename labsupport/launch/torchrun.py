@@ -32,13 +32,11 @@ def main(fn, *args, backend: str = "auto", **kwargs):
     import torch
     import torch.distributed as dist
 
-    from labsupport.launch import gloo_threads, strict_p2p
+    from labsupport.launch import strict_p2p
     created = not dist.is_initialized()
     if created:
         _init(torch, dist, requested(backend))
         strict_p2p.install()
-        if dist.get_backend() == "gloo":
-            gloo_threads.install()  # gloo's event loops yield shared cores
     try:
         return fn(*args, **kwargs)
     finally:
