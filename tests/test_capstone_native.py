@@ -107,3 +107,12 @@ def test_torch_context_parallel_still_raises_on_cpu_as_the_docstring_says():
     assert line is not None, "context_parallel ran on CPU: use it and update native.py"
     assert line.startswith("NotImplementedError: Operator aten._scaled_dot_"), line
     assert line in " ".join(native.__doc__.split()), line
+
+
+def test_step_time_ratio_reports_both_trainers_speeds():
+    # what it measures depends on the machine: only its form is checked here
+    r = native.step_time_ratio((2, 1, 1, 1), steps=2, repeats=1)
+    assert r["layout"] == (2, 1, 1, 1) and len(r["runs"]["hand"]) == 1
+    assert r["ratio"] == pytest.approx(r["native_tokens_per_s"]
+                                      / r["hand_tokens_per_s"])
+    assert r["hand_tokens_per_s"] > 0 and r["native_tokens_per_s"] > 0
