@@ -71,7 +71,7 @@ def _load_at(directory, layout):
     opt = torch.optim.AdamW(stage.parameters(), lr=3e-3, weight_decay=0.0)
     loader = capdata.Loader(capdata.corpus()[:4096], 8, 32, 0, layout[0], coords.dp,
                             layout[3], coords.cp)
-    meta = checkpoint.run_meta(cfg, Layout(*layout), loader, "adamw",
+    meta = checkpoint.run_meta(cfg, Layout(*layout), loader.state_dict(), "adamw",
                                torch.float32)
     step = checkpoint.load(directory, stage, opt, loader, meta)
     return dict(step=step, loader=loader.step, rank=dist.get_rank(),
@@ -121,8 +121,8 @@ def test_resumed_on_another_layout_the_loss_continues(saved, layout):
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(batch=4), "same global batch"),
-    (dict(seq_len=16), "same global batch, length"),
+    (dict(batch=4), "batch=8 saved, 4 here"),
+    (dict(seq_len=16), "seq_len=32 saved, 16 here"),
     (dict(model={"hidden": 48}), "hidden=32 saved, 48 here"),
     (dict(optimizer="sgd"), "optimizer=adamw saved, sgd here"),
 ])

@@ -134,29 +134,34 @@ def read_meta(directory) -> dict:
         raise FileNotFoundError(f"{directory} is not a complete DCP checkpoint "
                                 f"(no {DCP_METADATA}): use latest(root)")
     state = {TRAIN_KEY: ""}
-    _load(state, directory)
+    _load(state, directory, collective=False)    # on one rank alone, too
     return json.loads(state[TRAIN_KEY])
 
 
-def run_meta(cfg, layout, loader, optimizer, dtype) -> dict:
-    """What a checkpoint of this run records besides its tensors (JSON)."""
+def run_meta(cfg, layout, loader_state, optimizer, dtype) -> dict:
+    """What a checkpoint of this run records besides its tensors (JSON):
+    ``loader_state`` is ``capstone.data.Loader.state_dict()``."""
     name = optimizer if isinstance(optimizer, str) else getattr(
         optimizer, "__qualname__", type(optimizer).__qualname__)
-    return dict(step=0, layout=list(layout), loader=loader.state_dict(),
+    return dict(step=0, layout=list(layout), loader=dict(loader_state),
                 config=dataclasses.asdict(cfg), optimizer=name,
                 dtype=str(dtype).removeprefix("torch."))
 
 
 def check_meta(saved, mine, directory):
-    """Refuse to resume a run whose decoder, optimizer or dtype differ from the saved."""
-    diffs = [f"{k}={saved['config'].get(k)} saved, {v} here"
-             for k, v in mine["config"].items() if saved["config"].get(k) != v]
-    diffs += [f"{k}={saved.get(k)} saved, {mine[k]} here" for k in ("optimizer", "dtype")
-              if saved.get(k) != mine[k]]
+    """Refuse to resume a run whose global batch, decoder, optimizer or dtype
+    differ from the saved one's, saying which."""
+    pairs = [(k, saved["loader"].get(k), v) for k, v in mine["loader"].items()
+             if k != "step"]
+    pairs += [(k, saved["config"].get(k), v) for k, v in mine["config"].items()]
+    pairs += [(k, saved.get(k), mine[k]) for k in ("optimizer", "dtype")]
+    diffs = list(dict.fromkeys(f"{k}={a} saved, {b} here" for k, a, b in pairs
+                               if a != b))        # seq_len is the loader's and the model's
     if diffs:
         raise ValueError(f"cannot resume from {directory}: " + "; ".join(diffs)
-                         + ". The layout may change; the decoder's sizes, the "
-                         "optimizer, the dtype and the global batch may not")
+                         + ". The layout may change; the global batch (sequences, "
+                         "bytes, data seed), the decoder's sizes, the optimizer and "
+                         "the dtype may not")
 
 
 def resume(directory, stage, opt, loader, meta, steps) -> int:
@@ -177,14 +182,11 @@ def load(directory, stage, opt, loader, meta):
     ``meta``: this run's, as ``save`` takes it (its sizes must be the saved ones).
     """
     saved = read_meta(directory)
-    try:
-        loader.load_state_dict(saved["loader"])    # another global batch: refused
-    except ValueError as err:
-        raise ValueError(f"cannot resume from {directory}: {err}") from None
     check_meta(saved, meta, directory)
+    loader.load_state_dict(saved["loader"])        # the data position
     init_optimizer_state(opt)
     state = state_dict(stage, opt)
-    dcp.load(state, checkpoint_id=directory)
+    _load(state, directory)
     with torch.no_grad():
         for name, p in stage.named_parameters():
             # a DTensor's local piece may be a copy of the buffer it was made from
@@ -200,10 +202,11 @@ def _copy(dst, src):
         dst.copy_(src)
 
 
-def _load(state, directory):
-    """``dcp.load``, collective on ranks, by itself in one process (no process
-    group: DCP then reads every tensor whole, and warns that it assumes so)."""
-    if dist.is_initialized():
+def _load(state, directory, collective=True):
+    """``dcp.load``: collective over the ranks, or (``collective=False``, or
+    without a process group) by this process alone, which then reads every
+    tensor it asks for whole (DCP warns that it assumes so)."""
+    if collective and dist.is_initialized():
         dcp.load(state, checkpoint_id=directory)
         return
     with warnings.catch_warnings():
@@ -237,7 +240,7 @@ def full_state(directory) -> dict:
     state = {k: torch.empty(v.size, dtype=v.properties.dtype)
              for k, v in md.state_dict_metadata.items()
              if isinstance(v, TensorStorageMetadata)}
-    _load(state, directory)
+    _load(state, directory, collective=False)
     model = {k.removeprefix("model."): v for k, v in state.items()
              if k.startswith("model.")}
     optim = {}

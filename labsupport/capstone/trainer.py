@@ -199,7 +199,7 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
         loader = capdata.Loader(train_bytes, batch, seq_len, data_seed, layout.dp,
                                 coords.dp, layout.cp, coords.cp)
         losses, grads, dev = [], {}, identity.device()
-        meta = capckpt.run_meta(cfg, layout, loader, optimizer, dtype)
+        meta = capckpt.run_meta(cfg, layout, loader.state_dict(), optimizer, dtype)
         first = capckpt.resume(resume, stage, opt, loader, meta, steps)
         if checkpoint_every and not checkpoint_dir:
             raise ValueError("checkpoint_every needs a checkpoint_dir")
