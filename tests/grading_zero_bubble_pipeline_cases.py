@@ -1,5 +1,6 @@
-"""Zero-bubble B, W and schedules, all wrong, for tests/test_grading_zero_bubble_pipeline.py;
-and ``Slow``, a right schedule made slow (tests/test_grades_under_load.py).
+"""Zero-bubble B, W and schedules, all wrong, for
+tests/test_grading_zero_bubble_pipeline.py; and ``Slow``, a right schedule made
+slow (tests/test_grades_under_load.py).
 
 Imports only torch (the ranks import this module to unpickle each function). The
 reference is the source notebook's (tests/sources.py), never a copy here.

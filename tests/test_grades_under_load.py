@@ -130,8 +130,8 @@ def test_a_deadlock_still_ends_at_its_deadline_with_its_diagnosis_under_load(
     assert text.startswith("train_step_mixed_up did not finish within 3 s on 2 ranks")
     assert "On an ideal machine: train_step_mixed_up deadlocks" in text
     # stopped as a deadlock, for its ranks' waiting, not for the time the run took
-    assert "(Stopped after 3 s in which every rank still running waited, using no CPU " \
-        "time" in text
+    assert "(Stopped after 3 s in which every rank still running waited, using no " \
+        "CPU time" in text
 
 
 def test_a_slow_but_right_answer_under_load_gets_its_points(busy, beside_grading):
@@ -146,7 +146,8 @@ def test_a_slow_but_right_answer_under_load_gets_its_points(busy, beside_grading
     slow = a3_cases.Slow(ref.train_step_zb_h1, seconds=1.5)
     g3.check_schedule_grads(slow, timeout=1.0)
     rows = g3.check_idle_fraction(slow, timeout=1.0)
-    assert [row["recorded"] for row in rows] == pytest.approx([1 / 13, 3 / 27], abs=1e-12)
+    assert [row["recorded"] for row in rows] == \
+        pytest.approx([1 / 13, 3 / 27], abs=1e-12)
 
 
 def test_the_reference_under_load_is_not_called_a_deadlock(busy, beside_grading):

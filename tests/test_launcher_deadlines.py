@@ -68,7 +68,7 @@ def test_a_deadline_beyond_the_longest_is_refused_with_the_limit(cluster):
     assert ls.current() is cluster, "a refused start leaves the running group alone"
 
 
-# -- a deadline sized from the work (progress.WorkDeadline, the graders') ---------------
+# -- a deadline sized from the work (progress.WorkDeadline, the graders') --------------
 # A deadlock is every rank still running waiting, using no CPU time; an endless loop,
 # CPU time; load lengthens neither. First the verdicts on made-up readings (a clock
 # and /proc as the test says), then on real ranks.
@@ -86,8 +86,9 @@ class Machine:
         return progress.Reading({p: self.cpu[p] for p in pids}, self.busy)
 
     def watch(self, stall=3.0, cpu=9.0, ceiling=90.0):
-        return progress.Watch(list(self.cpu), progress.WorkDeadline(stall, cpu, ceiling),
-                              clock=self.clock, reader=self.read)
+        deadline = progress.WorkDeadline(stall, cpu, ceiling)
+        return progress.Watch(list(self.cpu), deadline, clock=self.clock,
+                              reader=self.read)
 
     def advance(self, watch, seconds, cpu_per_s=None, pending=None, step=0.25):
         """Time passes in readings ``step`` s apart (exact in binary); each pid gains
@@ -146,7 +147,7 @@ def test_an_endless_loop_is_stopped_by_its_cpu_time_and_anything_else_by_the_cei
     assert verdict == "cpu" and at == pytest.approx(18.0) and w.cpu_used >= 9.0
     m = Machine()
     w = m.watch(stall=3.0, cpu=9.0, ceiling=90.0)
-    m.busy = True                                 # stuck in I/O (D): no CPU, not waiting
+    m.busy = True                                 # in I/O (D): no CPU, not waiting
     assert m.advance(w, 100) == ("ceiling", pytest.approx(90.0))
 
 
@@ -165,7 +166,8 @@ def test_a_process_that_sleeps_reads_idle_and_one_that_spins_reads_busy():
         assert second.cpu[spinner.pid] > first.cpu[spinner.pid]
         assert not progress.read([sleeper.pid]).busy
         assert progress.read([spinner.pid]).busy
-        assert progress.read([2 ** 22 + 1]).cpu == {2 ** 22 + 1: None}   # no such process
+        gone = 2 ** 22 + 1                        # no such process
+        assert progress.read([gone]).cpu == {gone: None}
     finally:
         for p in (sleeper, spinner):
             p.kill()
@@ -205,15 +207,17 @@ def waits_forever():
 def test_a_run_that_computes_longer_than_the_stall_is_not_stopped(cluster):
     deadline = progress.WorkDeadline(stall=1.0, cpu=10.0, ceiling=120.0)
     assert cluster.run(burn_then_return, 2.0, timeout=deadline) == [0, 1]
-    assert cluster.run(rank_1_computes_while_rank_0_waits, 2.0, timeout=deadline) == [1, 0]
+    assert cluster.run(rank_1_computes_while_rank_0_waits, 2.0,
+                       timeout=deadline) == [1, 0]
 
 
-def test_a_deadlock_is_stopped_after_the_stall_and_an_endless_loop_by_its_cpu_time(cluster):
+def test_a_deadlock_is_stopped_after_the_stall_and_a_loop_by_its_cpu_time(cluster):
     with pytest.raises(ls.RankTimeout, match="all waited, using no CPU time") as info:
         cluster.run(waits_forever, timeout=progress.WorkDeadline(1.0, 10.0, 120.0))
     assert info.value.reason == "stall"
     with pytest.raises(ls.RankTimeout, match="their 1.5 s of CPU time") as info:
-        cluster.run(burn_then_return, 60.0, timeout=progress.WorkDeadline(30.0, 1.5, 120.0))
+        cluster.run(burn_then_return, 60.0,
+                    timeout=progress.WorkDeadline(30.0, 1.5, 120.0))
     assert info.value.reason == "cpu"
     assert cluster.run(burn_then_return, 0.0) == [0, 1]            # fresh ranks work
 

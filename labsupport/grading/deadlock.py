@@ -27,9 +27,9 @@ def _describe_rank(rank, states, stuck, now, stalled=False) -> str:
     if st["state"] == "returned":
         return f"rank {rank} had returned from the function; the others had not.{never}"
     if st["state"] == "running" and stalled:
-        return (f"rank {rank} was waiting, using no CPU time, but not in a dist call the "
-                "grader records (a functional or autograd collective, or one torch makes "
-                "for you): see where it was, below.")
+        return (f"rank {rank} was waiting, using no CPU time, but not in a dist call "
+                "the grader records (a functional or autograd collective, or one torch "
+                "makes for you): see where it was, below.")
     if st["state"] == "running":
         return (f"rank {rank} was not waiting for any message: it was still running Python "
                 "code (an endless loop?).")

@@ -81,8 +81,9 @@ def _explain(err: RankError, logs: dict, name: str, world_size: int, deadline) -
         return f"{name} failed on {world_size} ranks{during}: {_student_frames(str(err))}{hint}"
     where = _student_frames(str(err).split("\n\n", 1)[-1])
     stalled = err.reason == "stall"
-    within = f"{deadline.cpu:g} s of CPU time" if err.reason == "cpu" else \
-        f"{deadline.ceiling:g} s" if err.reason == "ceiling" else f"{deadline.stall:g} s"
+    bounds = {"cpu": f"{deadline.cpu:g} s of CPU time",
+              "ceiling": f"{deadline.ceiling:g} s"}
+    within = bounds.get(err.reason, f"{deadline.stall:g} s")  # a stall: the deadline
     return (f"{name} did not finish within {within} on {world_size} ranks{during}; the "
             "stuck ranks were stopped:\n"
             + explain_deadlock(logs, ranks, time.time(), stalled=stalled)
@@ -93,12 +94,13 @@ def _explain(err: RankError, logs: dict, name: str, world_size: int, deadline) -
 def _why_stopped(reason, deadline) -> str:
     """Why the grader stopped the ranks: a stall is a deadlock, not a slow answer."""
     if reason == "stall":
-        return (f"(Stopped after {deadline.stall:g} s in which every rank still running "
-                "waited, using no CPU time: nothing could make them progress. A slow answer "
-                "is never stopped this way: a rank that computes is not waiting.)")
+        return (f"(Stopped after {deadline.stall:g} s in which every rank still "
+                "running waited, using no CPU time: nothing could make them "
+                "progress. A slow answer is never stopped this way: a rank that "
+                "computes is not waiting.)")
     if reason == "cpu":
-        return (f"(Stopped once a rank had used {deadline.cpu:g} s of CPU time, far more "
-                "than this check needs: a loop that never ends?)")
+        return (f"(Stopped once a rank had used {deadline.cpu:g} s of CPU time, far "
+                "more than this check needs: a loop that never ends?)")
     return (f"(Stopped at the last-resort limit of {deadline.ceiling:g} s: the ranks "
             "neither finished nor sat waiting.)")
 

@@ -49,7 +49,7 @@ class _Outcome:
     failures: dict = field(default_factory=dict)   # rank -> exception description
     running: list = field(default_factory=list)    # ranks that never answered
     stacks: dict = field(default_factory=dict)     # rank -> where a stopped rank was
-    reason: str = "deadline"  # why the running ranks were stopped (progress.Watch's words)
+    reason: str = "deadline"  # why the running ranks were stopped (progress.Watch's)
     watch: progress.Watch | None = None
 
 
@@ -174,8 +174,9 @@ class Cluster:
         return outcome
 
     def _collect(self, deadline, stream, watch=None) -> _Outcome:
-        """Wait for every rank's answer, a failure (plus a grace period), or the deadline
-        (with a ``watch``: or its verdict that the ranks still running must stop)."""
+        """Wait for every rank's answer, a failure (plus a grace period), or the
+        deadline (with a ``watch``: or its verdict that the ranks still running must
+        stop)."""
         pending = {r.conn: r for r in self._ranks}
         outcome, failed_at = _Outcome(watch=watch), None
         while pending:
@@ -191,7 +192,9 @@ class Cluster:
                     outcome.reason = reason
                     break
             poll = stream or watch is not None
-            for conn in wait(list(pending), timeout=min(left, progress.POLL) if poll else left):
+            ready = wait(list(pending),
+                         timeout=min(left, progress.POLL) if poll else left)
+            for conn in ready:
                 r = pending.pop(conn)
                 kind, body = self._receive(r)
                 if kind in ("ok", "ready"):
@@ -306,10 +309,11 @@ def _deadline_text(timeout, outcome: _Outcome) -> str:
     if watch is None:
         return f"the run's {timeout:g} s deadline"
     if outcome.reason == "stall":
-        return (f"the end of {watch.stalled_for:.0f} s in which they all waited, using no "
-                f"CPU time (the limit: {timeout.stall:g} s)")
+        return (f"the end of {watch.stalled_for:.0f} s in which they all waited, using "
+                f"no CPU time (the limit: {timeout.stall:g} s)")
     if outcome.reason == "cpu":
-        return f"their {timeout.cpu:g} s of CPU time (one rank used {watch.cpu_used:.1f} s)"
+        return (f"their {timeout.cpu:g} s of CPU time (one rank used "
+                f"{watch.cpu_used:.1f} s)")
     return f"the run's {timeout.ceiling:g} s ceiling"
 
 

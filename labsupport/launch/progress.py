@@ -129,7 +129,8 @@ class Watch:
         # A rank that answered leaves the set: what is left starts a new stall.
         if set(reading.cpu) != set(self.stall_cpu) or any(
                 c is None or self.stall_cpu[pid] is None
-                or abs(c - self.stall_cpu[pid]) > allowed for pid, c in reading.cpu.items()):
+                or abs(c - self.stall_cpu[pid]) > allowed
+                for pid, c in reading.cpu.items()):
             self.stall_since, self.stall_cpu = now, dict(reading.cpu)
         self.stalled_for = now - self.stall_since
         if self.stalled_for >= self.deadline.stall and not reading.busy:
