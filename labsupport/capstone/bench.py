@@ -29,7 +29,6 @@ ratio <= 1.0, resume 1. Timings are this machine's, under its load.
 import argparse
 import math
 import os
-import tempfile
 
 LAYOUTS = [(1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2),
            (2, 2, 2, 1)]
@@ -79,25 +78,15 @@ def mfu(tokens_per_s, args) -> float:
 
 
 def resume(args) -> bool:
-    """Saved at SAVED_AT after half the steps, resumed at RESUMED_AT: the losses
-    of the uninterrupted run?"""
-    from labsupport.capstone import checkpoint, trainer
-    from labsupport.capstone.compare import LOSS_RTOL
-    from labsupport.launch import session
+    """Saved at SAVED_AT half-way, resumed at RESUMED_AT (``compare.resume_parity``):
+    the losses of the uninterrupted run?"""
+    from labsupport.capstone import compare
     steps, half = args.steps * 2, args.steps
-    run = lambda layout, **kw: session.run(  # noqa: E731
-        trainer.train, layout, kw.pop("steps", steps), backend="gloo",
-        world_size=math.prod(layout), **kw)[0]["losses"]
-    whole = run(SAVED_AT)
-    with tempfile.TemporaryDirectory() as root:
-        run(SAVED_AT, steps=half, checkpoint_every=half, checkpoint_dir=root)
-        resumed = run(RESUMED_AT, resume=checkpoint.latest(root))
-    rel = max(abs(a - b) / abs(b) for a, b in zip(resumed, whole[half:]))
-    equal = len(resumed) == steps - half and rel <= LOSS_RTOL
+    r = compare.resume_parity(SAVED_AT, RESUMED_AT, steps=steps, save_at=half)
     print(f"resume: saved at {SAVED_AT} after {half} steps, resumed at {RESUMED_AT}: "
-          f"steps {half}..{steps - 1} within {rel:.1e} of the uninterrupted run "
-          f"({'equal' if equal else 'NOT equal'} at {LOSS_RTOL:g})")
-    return equal
+          f"steps {half}..{steps - 1} within {r['max_rel']:.1e} of the uninterrupted "
+          f"run ({'equal' if r['equal'] else 'NOT equal'} at {compare.LOSS_RTOL:g})")
+    return r["equal"]
 
 
 def _layout(text):
