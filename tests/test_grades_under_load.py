@@ -32,6 +32,7 @@ import pytest
 import grading_zero_bubble_pipeline_cases as a3_cases
 import grades_under_load
 from labsupport.grading import zero_bubble_pipeline as g3
+from labsupport.launch.limits import GRADING_CEILING_FACTOR
 
 pytestmark = pytest.mark.slow
 ROUNDS = 3
@@ -124,8 +125,9 @@ def test_a_deadlock_still_ends_at_its_deadline_with_its_diagnosis_under_load(
     t0 = time.monotonic()
     with pytest.raises(AssertionError) as info:
         g3.check_schedule_grads(a3_cases.train_step_mixed_up, timeout=deadline)
-    # the deadline fired (not the test's own timeout), within its grace under load
-    assert time.monotonic() - t0 < deadline + 30
+    # the deadline fired (not the test's own timeout): before the last-resort
+    # ceiling; that it fired for the stall is asserted below, from its message
+    assert time.monotonic() - t0 < GRADING_CEILING_FACTOR * deadline
     text = str(info.value)
     assert text.startswith("train_step_mixed_up did not finish within 3 s on 2 ranks")
     assert "On an ideal machine: train_step_mixed_up deadlocks" in text

@@ -15,12 +15,14 @@ deadlock (only the first stage calls the embedding group's all-reduce) ended at
 the deadline. Layer 4 (slow): `nbgrader generate_assignment`, `autograde` and
 `export` on the assignment with seven submissions whose scores are known.
 """
+import time
+
 import torch
 import torch.distributed as dist
 
 import labsupport as ls
 import sources
-from failing import fails
+from failing import fails, stopped_as_a_stall
 from labsupport.capstone.layout import Layout
 from labsupport.grading import grad_sync_4d as gs
 from nbgrader_run import RoundTrip
@@ -220,7 +222,9 @@ def test_a_wrong_answer_gets_no_traffic_points():
 
 
 def test_a_deadlock_ends_at_the_deadline_with_an_explanation():
+    t0 = time.monotonic()
     text = fails(gs.check_parity, wrong("deadlock"), [(2, 1, 2, 1)], timeout=SHORT)
+    assert stopped_as_a_stall(text, time.monotonic() - t0, SHORT)
     assert "sync_gradients did not finish within 3 s on 4 ranks" in text
     assert "rank 0 waited" in text and "in dist.all_reduce, which every rank of its " \
         "group, [0, 1], must call" in text

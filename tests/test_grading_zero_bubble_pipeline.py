@@ -22,7 +22,7 @@ from labsupport.grading import zero_bubble_pipeline as gz
 import grading_zero_bubble_pipeline_cases as fns
 import sources
 from nbgrader_run import TimedRoundTrip, autograded, cell_seconds
-from failing import fails
+from failing import fails, stopped_as_a_stall
 
 ASSIGNMENT = "zero_bubble_pipeline"
 ref = sources.reference(ASSIGNMENT)
@@ -189,7 +189,7 @@ def test_a_deadlock_ends_at_the_deadline_with_the_ideal_machines_diagnosis():
     assert text.startswith("train_step_mixed_up deadlocks on p=2 ranks with m=4")
     t0 = time.monotonic()
     text = fails(gz.check_schedule_grads, fns.train_step_mixed_up, timeout=SHORT)
-    assert time.monotonic() - t0 < SHORT + 15
+    assert stopped_as_a_stall(text, time.monotonic() - t0, SHORT)
     assert text.startswith("train_step_mixed_up did not finish within 3 s on 2 ranks")
     assert "waited" in text and "dist.irecv" in text
     assert "On an ideal machine: train_step_mixed_up deadlocks" in text
