@@ -1,0 +1,274 @@
+# Run: PYTHONPATH=$PWD flock /tmp/heavy.lock .venv/bin/python -m pytest \
+#   tests/test_grading_grad_sync_4d.py   (~2 min; -m "not slow": the checks alone)
+"""Graded assignment 9 (the gradient synchronisation of a 4-D layout, embedding tied):
+labsupport.grading.grad_sync_4d, then the real nbgrader pipeline.
+
+Layer 1 (unit): the tied stage and its embedding groups; the one-process reference
+is the tied GPT; the reference (the source notebook's, ``sources.reference``)
+passes every check on the visible and hidden layouts; each plausible wrong
+answer, written as an edit of it, fails with the message that says what to fix:
+the tied weight not summed across the stages, the average over dp x cp divided
+by dp only, the SP LayerNorms averaged over tp or not reduced, the tied weight
+counted twice on one stage, a gradient left None, a right answer over the whole
+world, over every stage or through functional collectives (traffic), a
+deadlock (only the first stage calls the embedding group's all-reduce) ended at
+the deadline. Layer 4 (slow): `nbgrader generate_assignment`, `autograde` and
+`export` on the assignment with seven submissions whose scores are known.
+"""
+import torch
+import torch.distributed as dist
+
+import labsupport as ls
+import sources
+from failing import fails
+from labsupport.capstone.layout import Layout
+from labsupport.grading import grad_sync_4d as gs
+from nbgrader_run import RoundTrip
+
+ASSIGNMENT = "grad_sync_4d"
+SHORT = 3.0  # s, deadline of the unit test that deadlocks on purpose
+HIDDEN = ((3, 1, 2, 1), (1, 2, 3, 1), (2, 1, 2, 2))
+ref = sources.reference(ASSIGNMENT)
+
+EMBEDDING_AR = 'dist.all_reduce(tied.grad, group=groups["embedding"])'
+TP_AR = 'dist.all_reduce(p.grad, group=groups["tp"])'
+DIVIDE = "flat /= layout.dp * layout.cp"
+WORLD = '''
+def sync_gradients(stage, groups, layout):
+    """Every gradient into one buffer of the whole decoder, summed over the world."""
+    import math
+    from labsupport import models
+    offsets, n = {}, 0
+    for name, p in models.GPT(stage.cfg).named_parameters():  # the shapes
+        offsets[name] = (n, p.shape)
+        n += p.numel()
+    flat, shards, mine = torch.zeros(n), stage.shards(), []
+    for name, p in stage.named_parameters():
+        start, shape = offsets["tok.weight" if name == "lm_head.weight" else name]
+        view = flat[start:start + math.prod(shape)].view(shape)
+        if shards[name] is not None:
+            dim, rank, tp = shards[name]
+            view = view.chunk(tp, dim)[rank]
+        view += p.grad
+        mine.append((p, view))
+    dist.all_reduce(flat)
+    for p, view in mine:
+        p.grad.copy_(view / (layout.dp * layout.cp))
+'''.strip()
+# The tied weight over the whole pipeline group, middle stages adding zeros: right,
+# and the middle stages move bytes for nothing.
+PP_ZEROS = (
+    "    if tied is not None and layout.pp > 1:\n"
+    "        " + EMBEDDING_AR + "\n",
+    "    if layout.pp > 1:\n"
+    "        v, h = stage.cfg.vocab_size // layout.tp, stage.cfg.hidden\n"
+    "        buf = tied.grad if tied is not None else torch.zeros(v, h)\n"
+    "        dist.all_reduce(buf, group=groups[\"pp\"])\n")
+FUNCTIONAL = """
+
+
+def _functional_all_reduce(t, group):
+    import torch.distributed._functional_collectives as funcol
+    t.copy_(funcol.all_reduce(t, "sum", group))
+"""
+EDITS = {  # name -> the reference's sync_gradients cell, edited
+    "untied": sources.replaced((EMBEDDING_AR, "pass  # the tied weight left as it is")),
+    "dp_not_cp": sources.replaced((DIVIDE, "flat /= layout.dp")),
+    "tp_mean": sources.replaced((TP_AR,
+                                 TP_AR + "\n                p.grad /= layout.tp")),
+    "no_tp": sources.replaced((TP_AR, "pass  # the SP gradients left partial")),
+    "world": WORLD,
+    "deadlock": sources.replaced(("if tied is not None and layout.pp > 1:",
+                                  "if stage.first and layout.pp > 1:")),
+    "twice": lambda src: src + (
+        "\n    if stage.first and stage.last:  # the head's part too"
+        "\n        stage.tok.weight.grad += stage.lm_head.weight.grad"),
+    "pp_zeros": sources.replaced(PP_ZEROS),
+    "grad_dropped": lambda src: src + (
+        "\n    for p in stage.sp_params:  # freed, as if done"
+        "\n        p.grad = None"),
+    # right, through functional collectives, which torch.distributed's hooks do not see
+    "functional": lambda src: src.replace(
+        "dist.all_reduce(", "_functional_all_reduce(") + FUNCTIONAL,
+}
+
+
+def wrong(name):
+    module = sources.reference(ASSIGNMENT, {"sync_gradients": EDITS[name]}, name)
+    return module.sync_gradients
+
+
+# -- layer 1: the plumbing ------------------------------------------------------------
+
+def test_embedding_groups_pair_the_first_and_last_stage_of_each_shard():
+    # ranks on the mesh (dp, pp, cp, tp), tp fastest (capstone.layout)
+    assert gs.embedding_groups((2, 1, 2, 1)) == [[0, 1], [2, 3]]
+    assert gs.embedding_groups((1, 2, 3, 1)) == [[0, 4], [1, 5]]
+    assert gs.embedding_groups((2, 2, 1, 1)) == [[0], [1], [2], [3]]  # pp = 1: itself
+
+
+def _stage_facts(layout):
+    groups = gs.tied_groups(layout)
+    layout = Layout(*layout)
+    coords = layout.coords(dist.get_rank())
+    gpt = ls.models.GPT(gs.tied_config(gs.layers_for(layout)), seed=0)
+    stage = gs.TiedStage(gpt, layout, coords, groups)
+    tied = stage.shared_embedding_or_output_weight()
+    names = [n for n, _ in stage.named_parameters()]
+    return dict(first=stage.first, last=stage.last, names=names,
+                tied=None if tied is None else tied.detach().clone(),
+                same=stage.first and stage.last
+                and stage.tok.weight is stage.lm_head.weight,
+                embedding=groups["ranks"]["embedding"])
+
+
+def test_the_tied_stage_holds_the_embedding_shard_on_both_ends():
+    gpt = ls.models.GPT(gs.tied_config(3), seed=0)
+    outs = ls.run(_stage_facts, (1, 2, 3, 1), world_size=6, backend="gloo")
+    for rank in (0, 1, 4, 5):           # first and last stage: tp rank's V/tp rows
+        o, tp_rank = outs[rank], rank % 2
+        assert torch.equal(o["tied"], gpt.tok.weight.detach().chunk(2)[tp_rank])
+    embedding = [o["embedding"] for o in outs]
+    assert embedding == [[0, 4], [1, 5], None, None, [0, 4], [1, 5]]
+    assert "lm_head.weight" in outs[4]["names"] and "tok.weight" in outs[0]["names"]
+    assert outs[2]["tied"] is None
+    one = ls.run(_stage_facts, (2, 2, 1, 1), world_size=4, backend="gloo")
+    assert all(o["same"] and "lm_head.weight" not in o["names"] for o in one)
+
+
+def test_the_one_process_reference_is_the_tied_decoder():
+    out = gs.reference()
+    assert "lm_head.weight" not in out["grads"] and "tok.weight" in out["grads"]
+    assert gs.tied_config().tie_weights and len(out["losses"]) == gs.STEPS
+
+
+# -- layer 1: the checks ---------------------------------------------------------
+
+def test_the_reference_passes_every_check_on_every_layout():
+    for layouts in gs.VISIBLE.values():
+        gs.check_parity(ref.sync_gradients, layouts)
+    gs.check_parity(ref.sync_gradients, HIDDEN)
+    gs.check_traffic(ref.sync_gradients, gs.TRAFFIC + HIDDEN)
+    out = gs.parity(ref.sync_gradients, (1, 2, 2, 2))
+    assert out["grad_rel"] < 1e-4 and out["loss_rel"] < 1e-5
+
+
+def test_the_tied_weight_not_summed_across_stages_is_named():
+    text = fails(gs.check_parity, wrong("untied"), [(2, 1, 2, 1)])
+    assert "the gradient of tok.weight (the token embedding, tied to the LM" in text
+    assert "summed over the embedding group" in text
+    gs.check_parity(wrong("untied"), [(2, 2, 1, 1)])      # one stage: nothing to sum
+
+
+def test_an_average_that_forgets_cp_is_named():
+    text = fails(gs.check_parity, wrong("dp_not_cp"), [(2, 1, 2, 2)])
+    assert "It is 2 times the one-process gradient: divided by dp = 2 only" in text
+    assert "divide by dp·cp = 4" in text
+    gs.check_parity(wrong("dp_not_cp"), [(2, 1, 2, 1)])    # cp = 1: right
+
+
+def test_sp_layernorms_averaged_over_tp_are_named():
+    text = fails(gs.check_parity, wrong("tp_mean"), [(2, 2, 1, 1)])
+    assert "the gradient of pos.weight" in text
+    assert "must be summed over tp, not averaged" in text
+
+
+def test_sp_layernorms_not_reduced_over_tp_are_named():
+    text = fails(gs.check_parity, wrong("no_tp"), [(1, 2, 2, 2)])
+    assert "the gradient of pos.weight" in text
+    assert "Its sum over the tp group is the one-process gradient" in text
+
+
+def test_the_tied_weight_counted_twice_on_one_stage_is_named():
+    text = fails(gs.check_parity, wrong("twice"), [(2, 2, 1, 1)])
+    assert "It is twice the one-process gradient. With pp = 1" in text
+
+
+def test_everything_over_the_world_is_right_but_loses_the_traffic():
+    world = wrong("world")
+    gs.check_parity(world, [(2, 1, 2, 1), (1, 2, 2, 2)])
+    text = fails(gs.check_traffic, world, [(2, 1, 2, 1)])
+    assert "rank 0 sent 205056 B" in text and "needs 118400 B" in text
+    assert ("by group: the world 205056 B; needed: dp_cp 85632 B, embedding 32768 B"
+            in text)
+    assert "Unnecessary groups: the world." in text
+
+
+def test_the_tied_weight_over_every_stage_loses_the_traffic():
+    pp = wrong("pp_zeros")
+    gs.check_parity(pp, [(1, 2, 3, 1)])
+    gs.check_traffic(pp, [(2, 1, 2, 1)])                  # pp = 2: the same two ranks
+    text = fails(gs.check_traffic, pp, [(1, 2, 3, 1)])
+    assert "Unnecessary groups: pp." in text
+
+
+def test_a_gradient_left_none_is_named():
+    text = fails(gs.check_parity, wrong("grad_dropped"), [(2, 2, 1, 1)])
+    assert "rank 0's pos.weight" in text and "had no gradient (.grad is None)" in text
+
+
+def test_bytes_that_torch_distributed_does_not_see_get_no_traffic_points():
+    functional = wrong("functional")
+    gs.check_parity(functional, [(2, 1, 2, 1)])
+    text = fails(gs.check_traffic, functional, [(2, 1, 2, 1)])
+    assert "no call of ranks [0, 1, 2, 3] went through torch.distributed's" in text
+
+
+def test_a_wrong_answer_gets_no_traffic_points():
+    text = fails(gs.check_traffic, wrong("untied"), [(2, 1, 2, 1)])
+    assert "is not right yet" in text and "its bytes are not graded" in text
+
+
+def test_a_deadlock_ends_at_the_deadline_with_an_explanation():
+    text = fails(gs.check_parity, wrong("deadlock"), [(2, 1, 2, 1)], timeout=SHORT)
+    assert "sync_gradients did not finish within 3 s on 4 ranks" in text
+    assert "rank 0 waited" in text and "in dist.all_reduce, which every rank of its " \
+        "group, [0, 1], must call" in text
+
+
+def test_the_untouched_stub_says_what_to_do():
+    untouched = sources.reference(ASSIGNMENT, {"sync_gradients": lambda src: src[
+        :src.index("    ### BEGIN SOLUTION")] + "    raise NotImplementedError()\n"},
+        "untouched").sync_gradients
+    text = fails(gs.check_parity, untouched, [(2, 1, 2, 1)])
+    assert "NotImplementedError" in text and "Write your solution in place" in text
+
+
+# -- layer 4: nbgrader on assignment 9 -------------------------------------------
+
+SUBMISSIONS = {"reference": {}, "untouched": None,
+               **{name: {"sync_gradients": EDITS[name]}
+                  for name in ("untied", "dp_not_cp", "tp_mean", "world", "deadlock")}}
+CELLS = {"test_two_stages": 2, "test_one_stage": 1, "test_all_dims": 2,
+         "test_more_layouts": 3, "test_traffic": 2}
+FAILED = {  # submission -> the test cells that score zero, and what their message says
+    "reference": {},
+    "untouched": dict.fromkeys(CELLS, "NotImplementedError"),
+    "untied": {**dict.fromkeys(("test_two_stages", "test_all_dims",
+                                "test_more_layouts"),
+                               "summed over the embedding group"),
+               "test_traffic": "is not right yet"},
+    "dp_not_cp": {"test_all_dims": "summed over dp x cp but not divided by dp·cp = 2",
+                  "test_more_layouts": "divided by dp = 2 only",
+                  "test_traffic": "is not right yet"},
+    "tp_mean": {**dict.fromkeys(("test_one_stage", "test_all_dims",
+                                 "test_more_layouts"),
+                                "must be summed over tp, not averaged"),
+                "test_traffic": "is not right yet"},
+    "world": {"test_traffic": "Unnecessary groups: the world."},
+    "deadlock": dict.fromkeys(("test_two_stages", "test_all_dims", "test_more_layouts",
+                               "test_traffic"), "did not finish within 4 s"),
+}
+
+
+class TestNbgrader(RoundTrip):
+    assignment, submissions, cells, failed = ASSIGNMENT, SUBMISSIONS, CELLS, FAILED
+    totals = {"reference": 10, "untouched": 0, "untied": 1, "dp_not_cp": 3,
+              "tp_mean": 2, "world": 8, "deadlock": 1}
+    stubs, hidden = 1, ("(3, 1, 2, 1)", "(2, 1, 2, 2)")
+    try_cell, try_fails = "try-sync", ("untouched", "deadlock")
+    timeout = 500
+    # The deadlock waits for its deadlines beside the others (autograde's `beside`):
+    # these checks compare gradients and count bytes; none reads a clock or the
+    # allocator (tests/test_grades_deterministic.py).
+    beside = ("deadlock",)
