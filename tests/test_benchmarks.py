@@ -24,6 +24,8 @@ def _bench(*args, timeout=300):
 @pytest.mark.parametrize("args, last", [
     (("ring", "--world-sizes", "2", "4", "--max-mib", "1", "--repeats", "1", "--backend",
       "gloo"), rf"ring_busbw_ratio_1MiB={NUMBER} ring_busbw_ratio_1MiB_w4={NUMBER}"),
+    (("p2p", "--world-sizes", "2", "--exchanges", "5", "--repeats", "1", "--backend", "gloo"),
+     rf"p2p_exchange_ms_w2={NUMBER}"),
     (("collectives", "--world-sizes", "2", "--max-mib", "1", "--repeats", "1", "--backend", "gloo"),
      rf"busbw_GBps_all_reduce_w2={NUMBER} .*busbw_GBps_sendrecv_w2={NUMBER}"),
     (("launcher", "--world-sizes", "2", "--repeats", "1"),

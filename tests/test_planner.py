@@ -1,10 +1,12 @@
 # Run: .venv/bin/python -m pytest tests/test_planner.py
 """labsupport.device_mesh.planner: layouts, memory from chapter 0's calculator, bytes, placement in
-Megatron Core's order, step time with the overlap conditions, MFU, experts.
+Megatron Core's order, step time with the overlap conditions, MFU, experts; the
+pipeline's stages, the embedding on the first and the LM head on the last, the
+slowest stage setting the step (1F1B's length, against chapter 5's schedule)
+and the fullest the memory.
 
 (The context-parallel bytes against ring attention's own sends: tests/test_mesh.py.)
 """
-import math
 
 import pytest
 
@@ -30,12 +32,19 @@ def test_layouts_multiply_to_the_device_count():
 
 
 def test_memory_is_the_calculators_for_a_single_dimension():
+    # the calculator counts the layers' activations; the planner's one stage
+    # also holds the head's and the embedding's (all split over tp under SP)
+    head = memory_calc.head_activation_bytes(4096, 1, M.hidden, M.vocab)
     want = memory_calc.training_memory(M, 4096, 1, "mixed", "selective", n=8,
                                        parallelism="tp+sp")
+    for key in ("activations", "total"):
+        want[key] += head / 8
     assert planner.device_memory(JOB, Layout(1, 8, 1)) == pytest.approx(want)
     plain = Job(M, 4096, 512, checkpointing="none")
-    assert planner.device_memory(plain, Layout(64, 1, 1)) == pytest.approx(
-        memory_calc.training_memory(M, 4096, 1, "mixed", "none"))
+    want = memory_calc.training_memory(M, 4096, 1, "mixed", "none")
+    for key in ("activations", "total"):
+        want[key] += head
+    assert planner.device_memory(plain, Layout(64, 1, 1)) == pytest.approx(want)
 
 
 def test_memory_is_plain_data_parallel_unless_a_zero_stage_is_named():
@@ -130,7 +139,12 @@ def test_the_7b_ranking_on_64_h100s():
     # the same layout charged one NIC per GPU: the reduction would show
     last_backward = first["compute_s"] * 2 / 3 / planner.micro_batches(JOB, order[0])
     assert first["traffic"]["dp"] / H100.inter_bw > last_backward
-    assert all(r["layout"].tp == 1 for r in rows[:7])
+    # one layer a stage, the last one also the head: the deepest pipelines,
+    # 2nd to 5th when stages were even, fall behind every pp <= 4 layout
+    deep = [i for i, r in enumerate(rows) if r["layout"].pp >= 16]
+    shallow = [i for i, r in enumerate(rows) if r["layout"].pp <= 4]
+    assert min(deep) > max(shallow[:10])
+    assert all(rows[i]["slowest"] == rows[i]["layout"].pp - 1 for i in deep)
 
 
 def test_every_planned_layout_fits_and_the_fastest_step_comes_first():
@@ -147,15 +161,31 @@ def test_the_attention_flops_are_decoder_flops_and_the_rest_six_psi_t():
     tokens = 512 * 4096
     attention = (overlap.decoder_flops(tokens, 4096, M.layers, M.hidden, M.vocab)
                  - overlap.decoder_flops(tokens, 0, M.layers, M.hidden, M.vocab))
-    assert planner.step_flops(JOB) == pytest.approx(6 * M.psi * tokens + attention)
+    # Llama 2's embedding is a lookup, its own matrix beside the head's:
+    # 6 FLOPs per token for every other parameter (torchtitan's count)
+    embedding = M.vocab * M.hidden
+    assert not M.tied
+    assert planner.step_flops(JOB) == pytest.approx(6 * (M.psi - embedding) * tokens
+                                                    + attention)
+    # tied (GPT-3): Ψ counts the matrix once, and the head's matmul uses it
+    gpt3 = memory_calc.PRESETS["GPT-3 175B"]
+    job = Job(gpt3, 2048, 1536)
+    attention = 12 * gpt3.layers * 2048 * gpt3.hidden
+    assert planner.step_flops(job) == pytest.approx(
+        1536 * 2048 * (6 * gpt3.psi + attention))
 
 
 def test_step_time_is_compute_bubble_and_the_communication_not_hidden():
     layout = Layout(dp=4, tp=8, pp=2)
     r = planner.step_time(JOB, layout, H100)
     m = 512 // 4
-    assert r["compute_s"] == pytest.approx(planner.step_flops(JOB) / (64 * H100.flops))
-    assert r["bubble_s"] == pytest.approx(r["compute_s"] / m)
+    # 16 layers a stage; the last stage also runs the head's 6·V·h per token
+    layer = 6 * (M.psi - 2 * M.vocab * M.hidden) / M.layers + 12 * 4096 * M.hidden
+    first, last = (4096 * f / (8 * H100.flops)
+                   for f in (16 * layer, 16 * layer + 6 * M.vocab * M.hidden))
+    assert r["stage_s"] == pytest.approx([first, last]) and r["slowest"] == 1
+    assert r["compute_s"] == pytest.approx(m * last)
+    assert r["bubble_s"] == pytest.approx(first)
     sent = planner.traffic(JOB, layout)
     assert r["comm_s"]["tp"] == pytest.approx(sent["tp"] / H100.intra_bw)
     assert r["comm_s"]["dp"] == pytest.approx(sent["dp"] / H100.inter_bw)
@@ -187,20 +217,27 @@ def test_experts_split_over_ep_and_the_e_over_k_penalty():
     dense_share = MIXTRAL.psi - MIXTRAL_EXPERTS.params
     replicated = planner.traffic(job, Layout(dp=32, tp=1, pp=8, ep=1))
     split = planner.traffic(job, Layout(dp=32, tp=1, pp=8, ep=8))
-    g = 2 / 8                                            # bf16 gradients, one stage of 8
-    assert replicated["dp"] == pytest.approx(2 * g * overlap.ring(32) * MIXTRAL.psi)
-    assert split["dp"] == pytest.approx(2 * g * (overlap.ring(32) * dense_share
-                                                 + overlap.ring(4) * MIXTRAL_EXPERTS.params / 8))
+    # the last of 8 stages (the slowest): 4 layers and the head, bf16 gradients
+    head = MIXTRAL.vocab * MIXTRAL.hidden
+    dense_last = (dense_share - 2 * head) / 8 + head
+    assert replicated["dp"] == pytest.approx(
+        2 * 2 * overlap.ring(32) * (dense_last + MIXTRAL_EXPERTS.params / 8))
+    assert split["dp"] == pytest.approx(2 * 2 * (
+        overlap.ring(32) * dense_last
+        + overlap.ring(4) * MIXTRAL_EXPERTS.params / 8 / 8))
     tokens = 4096 * 2                                    # T k rows per rank, 4 all-to-alls
     assert split["ep"] == pytest.approx(32 * 4 * 4 * overlap.ring(8) * tokens * 4096 * 2)
     # a token's FLOPs grow k-fold, the weights E-fold: the active parameters
-    active = MIXTRAL.psi - MIXTRAL_EXPERTS.params * (1 - 2 / 8)
+    # (less the embedding's lookup)
+    active = MIXTRAL.psi - MIXTRAL_EXPERTS.params * (1 - 2 / 8) - head
     assert planner.step_flops(job) == pytest.approx(
         1024 * 4096 * (6 * active + 12 * 32 * 4096 * 4096))
-    states = planner.device_memory(job, Layout(dp=32, tp=1, pp=8, ep=8))
-    want = [memory.model_state_bytes(dense_share / 8, "mixed", 1, 32)["optimizer"],
+    # the fullest stage is the first: the embedding and 8 micro-batches in flight
+    states = planner.stage_memory(job, Layout(dp=32, tp=1, pp=8, ep=8))
+    assert planner.device_memory(job, Layout(dp=32, tp=1, pp=8, ep=8)) == states[0]
+    want = [memory.model_state_bytes(dense_last, "mixed", 1, 32)["optimizer"],
             memory.model_state_bytes(MIXTRAL_EXPERTS.params / 64, "mixed", 1, 4)["optimizer"]]
-    assert states["optimizer"] == pytest.approx(sum(want))
+    assert states[0]["optimizer"] == states[-1]["optimizer"] == pytest.approx(sum(want))
 
 
 def test_deepseek_v3s_layout_and_its_all_to_all():
@@ -213,18 +250,33 @@ def test_deepseek_v3s_layout_and_its_all_to_all():
     assert planner.problem(full, layout) is None
     assert planner.device_memory(full, layout)["total"] < 80e9
     assert not planner.placement(layout, 8)["ep"]                # 64 ranks span 8 nodes
-    r = planner.step_time(full, layout, h800)
-    assert 1.5 < r["comm_s"]["ep"] / r["compute_s"] < 3        # 8 copies; 4 give ~1:1
+    # a stage of 4 layers and no head (the first): its all-to-all, compute
+    r, first = planner.step_time(full, layout, h800), planner.stages(full, layout)[0]
+    a2a = (planner.traffic(full, layout, first)["ep"]
+           / planner.bandwidths(layout, h800)["ep"])
+    compute = planner.micro_batches(full, layout) * r["stage_s"][0]
+    assert 1.5 < a2a / compute < 3                              # 8 copies; 4 give ~1:1
     assert layout in [row["layout"] for row in planner.plan(full, 2048, h800, 80e9)]
 
 
-def test_uneven_stages_take_the_fullest():
+def test_uneven_stages_and_the_head_the_slowest_sets_the_pace():
+    # DeepSeek-V3's 61 layers on 16 stages: 13 of 4 layers, then 3 of 3; the
+    # last one's head (6·V·h, V = 129,280) outweighs the fourth layer
     model, experts = planner.MOE_PRESETS["DeepSeek-V3"]
     job = Job(model, 4096, 15360, experts=experts)
-    even = planner.step_time(job, Layout(128, 1, 1, 1, 1), H100)
-    uneven = planner.step_time(job, Layout(8, 1, 16, 1, 1), H100)
-    assert uneven["compute_s"] / even["compute_s"] == pytest.approx(
-        math.ceil(61 / 16) * 16 / 61)
+    layout = Layout(8, 1, 16, 1, 1)
+    assert [s.layers for s in planner.stages(job, layout)] == [4] * 13 + [3] * 3
+    per_layer = planner.step_time(job, Layout(128, 1, 1, 1, 1), H100)
+    head = 6 * model.vocab * model.hidden
+    layer = (planner.step_flops(job) / (15360 * 4096) - head) / 61
+    assert head > layer
+    r = planner.step_time(job, layout, H100)
+    assert r["slowest"] == 15
+    n_mb, tokens = 15360 // 8, 4096
+    seconds = tokens / H100.flops
+    assert r["compute_s"] == pytest.approx(n_mb * (3 * layer + head) * seconds)
+    assert r["bubble_s"] == pytest.approx((13 * 4 + 2 * 3) * layer * seconds)
+    assert per_layer["slowest"] == 0
 
 
 def test_bad_jobs_are_refused_with_the_reason():
@@ -236,3 +288,94 @@ def test_bad_jobs_are_refused_with_the_reason():
         planner.Experts(8, 9, 1e9, 1024, 4)
     assert "does not divide" in planner.problem(JOB, Layout(1, 3, 1))
     assert "sequences do not split" in planner.problem(JOB, Layout(1024, 1, 1))
+
+
+def test_the_embedding_goes_to_the_first_stage_and_the_head_to_the_last():
+    # Megatron: embedding on the first stage, final LayerNorm and output layer
+    # on the last; a tied head there is a copy of the embedding
+    for model in (M, memory_calc.PRESETS["GPT-3 175B"]):
+        job = Job(model, 4096, 512)
+        vocab = model.vocab * model.hidden
+        layer = (model.psi - vocab * (1 if model.tied else 2)) / model.layers
+        for pp in (1, 2, 8):
+            rows = planner.stages(job, Layout(64 // pp, 1, pp))
+            params = [planner._stage_params(job, s)[0] for s in rows]
+            copy = vocab if model.tied and pp > 1 else 0
+            assert sum(params) == pytest.approx(model.psi + copy)
+            if pp > 1:
+                ends = model.layers / pp * layer + vocab
+                assert params[0] == params[-1] == pytest.approx(ends)
+                assert all(p == pytest.approx(model.layers / pp * layer)
+                           for p in params[1:-1])
+            # the stages' FLOPs add up to the model's, the head's on the last
+            flops = [planner._stage_flops(job, s)[0] for s in rows]
+            assert sum(flops) * 512 * 4096 == pytest.approx(planner.step_flops(job))
+            assert flops[-1] - flops[0] == pytest.approx(6 * vocab if pp > 1 else 0)
+
+
+def test_the_head_makes_the_last_stage_the_bottleneck():
+    # 32 stages of one layer: the last also multiplies by the 32000 x 4096
+    # head, 6·V·h = 0.79 GFLOP a token beside a layer's 1.4: it sets the pace
+    layout = Layout(dp=2, tp=1, pp=32, cp=1)
+    r = planner.step_time(JOB, layout, H100)
+    t = r["stage_s"]
+    assert r["slowest"] == 31 and t[-1] / t[0] > 1.5
+    m = planner.micro_batches(JOB, layout)
+    assert r["compute_s"] == pytest.approx(m * t[-1])
+    # stages even (the old planner: every stage 1/32 of the FLOPs) the step
+    # would be a third shorter
+    even = planner.step_flops(JOB) / (64 * H100.flops) * (1 + 31 / m)
+    assert r["compute_s"] + r["bubble_s"] > 1.4 * even
+    # the ends' gradients and parameters: the dp reduction of the last stage
+    # carries the head's V·h beside its layer
+    head = M.vocab * M.hidden
+    layer = (M.psi - 2 * head) / M.layers
+    assert r["comm_s"]["dp"] * H100.inter_bw == pytest.approx(
+        2 * 2 * overlap.ring(2) * (layer + head) * H100.inter_bw
+        / overlap.group_bandwidth(H100, 2, planner.members_per_node(layout, 8)["dp"]))
+
+
+def test_the_step_is_1f1bs_on_stages_of_unequal_time():
+    # chapter 5's ideal 1F1B, each stage's backward twice its forward: with
+    # the last stage slowest, m·t_last + the other stages' t once is its
+    # length exactly; with an inner stage slowest the formula is an upper bound
+    from labsupport.pipeline import sim
+    from labsupport.pipeline.pipeline import train_step_1f1b
+    cases = (([1, 1, 1, 1.56], 8), ([1.4, 1, 1, 1.56], 16), ([1, 1.2, 1, 1.1], 6))
+    for times, m in cases:
+        p = len(times)
+        durations = {(kind, s, i): times[s] * share for s in range(p) for i in range(m)
+                     for kind, share in (("F", 1 / 3), ("B", 2 / 3))}
+        events = sim.ideal_events(train_step_1f1b, p, m, durations=durations)
+        length = max(e["end"] for e in events)
+        k = max(range(p), key=lambda i: times[i])
+        formula = m * times[k] + sum(times) - times[k]
+        if k == p - 1:
+            assert length == pytest.approx(formula)
+        else:
+            assert length <= formula
+
+
+def test_the_logits_and_the_head_can_leave_only_the_last_stage_out_of_memory():
+    # A 256k vocabulary on a 3B model (2B in its 16 layers): the last stage
+    # holds the head's 0.5B parameters (16 B each with Adam) and the fp32
+    # log-probabilities of a micro-batch, 4·s·V = 8.4 GB
+    model = memory_calc.Model(3_000_000_000, 16, 2048, 16, 256_000, tied=False)
+    job = Job(model, 8192, 64, checkpointing="full")
+    layout = Layout(dp=8, tp=1, pp=8)
+    rows = planner.stage_memory(job, layout)
+    head = model.vocab * model.hidden
+    # full recomputation: each of its 2 layers keeps its input, e·sbh; then the
+    # final LayerNorm's and head's inputs and the log-probabilities
+    sbh = 8192 * 2048
+    assert rows[-1]["activations"] == pytest.approx(2 * 2 * sbh + 2 * 2 * sbh
+                                                    + 4 * 8192 * model.vocab)
+    assert rows[-1]["params"] - rows[-2]["params"] == pytest.approx(2 * head)
+    fullest = planner.device_memory(job, layout)
+    assert fullest == rows[-1]
+    # spread evenly (the old planner's Ψ/pp a stage) it would fit in 16 GB,
+    # and so does the first stage (embedding, 8 micro-batches); the last does not
+    even = (memory.model_state_bytes(model.psi / 8, "mixed")["total"]
+            + rows[1]["activations"])
+    assert even < rows[0]["total"] < 16e9 < fullest["total"]
+    assert layout not in [r["layout"] for r in planner.plan(job, 64, H100, 16e9)]

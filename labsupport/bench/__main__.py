@@ -3,6 +3,7 @@
     python -m labsupport.bench launcher       # the launcher vs bare torch.multiprocessing
     python -m labsupport.bench collectives    # busbw of every collective over message sizes
     python -m labsupport.bench ring           # chapter 2's ring all-reduce vs dist.all_reduce
+    python -m labsupport.bench p2p            # one ring exchange (batch_isend_irecv), timed
     python -m labsupport.bench ddp            # chapter 3's data-parallel versions vs DDP
     python -m labsupport.bench pipeline       # chapter 5's measured bubbles vs the formulas
     python -m labsupport.bench memory         # chapter 0: bytes counted vs the formulas
@@ -21,6 +22,7 @@ BENCHMARKS = {
     "launcher": "labsupport.bench.launcher",
     "collectives": "labsupport.collectives.bench",
     "ring": "labsupport.ring.bench",
+    "p2p": "labsupport.ring.exchange_bench",
     "ddp": "labsupport.data_parallel.bench",
     "pipeline": "labsupport.pipeline.bench",
     "memory": "labsupport.memory.bench",

@@ -145,45 +145,62 @@ class StrictWork:
                 self._done.set()  # even if a callback raised: no waiter hangs
 
 
+# How long an idle helper thread waits for more work before it ends (a timed
+# wait on an event, not a poll). Starting a thread costs about 0.2 ms on the
+# course's 2-core machine, most of what strict mode added to a batch when it
+# started two per batch; a pipeline or a ring issues its next batch within
+# microseconds, so the threads that ran the last one take it.
+LINGER_S = 1.0
+
+
 class _Stream:
     """One group's operations, run one at a time in issue order by a helper thread.
 
-    The thread exists only while the queue holds work, so an idle rank keeps
-    no thread per group. Collectives run on the caller's thread: each waits
-    until the queue is empty, and the queue's next item waits for them.
+    The thread lives while the queue holds work and ``LINGER_S`` after, so
+    an idle rank keeps no thread per group and a busy one starts none per
+    operation. Collectives run on the caller's thread: each waits until the
+    queue is empty, and the queue's next item waits for them.
     """
 
     def __init__(self):
-        self._lock, self._items, self._running = threading.Lock(), collections.deque(), False
+        self._cv, self._items = threading.Condition(), collections.deque()
+        self._running = False   # an item is being run
+        self._thread = False    # a helper thread is alive (running or lingering)
         self._collectives = []  # asynchronous ones, maybe still running
 
     def idle(self) -> bool:
-        with self._lock:
+        with self._cv:
             return not self._items and not self._running
 
     def behind(self, work):
         """The next item starts after ``work`` (an asynchronous collective)."""
-        with self._lock:
+        with self._cv:
             self._collectives = [w for w in self._collectives if not w.is_completed()]
             self._collectives.append(work)
 
     def put(self, run) -> StrictWork:
         work = StrictWork()
-        with self._lock:
+        with self._cv:
             self._items.append((run, work))
-            if not self._running:
-                self._running = True
+            if self._thread:
+                self._cv.notify()
+            else:
+                self._thread = True
                 threading.Thread(target=self._drain, daemon=True,
                                  name="labsupport-strict-p2p").start()
         return work
 
     def _drain(self):
         while True:
-            with self._lock:
+            with self._cv:
+                self._running = False
                 if not self._items:
-                    self._running = False
+                    self._cv.wait(LINGER_S)
+                if not self._items:  # idle for LINGER_S: end (put starts another)
+                    self._thread = False
                     return
                 run, work = self._items.popleft()
+                self._running = True
                 collectives, self._collectives = self._collectives, []
             try:
                 for collective in collectives:
@@ -193,6 +210,62 @@ class _Stream:
                 work._finish(error)
             else:
                 work._finish(None)
+
+
+class _Waiters:
+    """Threads that each wait for one gloo request, reused: a batch's requests
+    complete on their own without a thread started per request. An idle
+    thread is handed its next request directly (its own slot), so no request
+    waits in a queue behind another that may never complete."""
+
+    def __init__(self):
+        self._lock, self._idle = threading.Lock(), []  # idle threads' slots
+
+    def wait(self, work, request):
+        """Wait for ``work`` on a helper thread, then finish ``request``."""
+        with self._lock:
+            if self._idle:
+                slot = self._idle.pop()
+                slot.job = (work, request)
+                slot.ready.set()
+                return
+        threading.Thread(target=self._serve, args=((work, request),), daemon=True,
+                         name="labsupport-strict-p2p-wait").start()
+
+    def _serve(self, job):
+        slot = _Slot()
+        while True:
+            _complete_one(*job)
+            slot.ready.clear()
+            with self._lock:
+                self._idle.append(slot)
+            if not slot.ready.wait(LINGER_S):
+                with self._lock:
+                    if slot in self._idle:  # nothing handed over: end
+                        self._idle.remove(slot)
+                        return
+                slot.ready.wait()  # handed a job as the wait ended
+            job = slot.job
+
+
+class _Slot:
+    """An idle waiter thread's mailbox (compared by identity)."""
+
+    def __init__(self):
+        self.ready, self.job = threading.Event(), None
+
+
+_waiters = _Waiters()
+
+
+def _forget_threads():
+    """A forked child has none of its parent's helper threads: start afresh."""
+    global _waiters
+    _streams.clear()
+    _waiters = _Waiters()
+
+
+os.register_at_fork(after_in_child=_forget_threads)
 
 
 def _stream(group) -> _Stream:
@@ -248,13 +321,11 @@ def _batch(originals):
 
 def _complete_all(works, requests):
     """Wait for every work, each finishing its request as soon as it is done."""
-    waiters = [threading.Thread(target=_complete_one, args=pair, daemon=True)
-               for pair in zip(works[1:], requests[1:])]
-    for waiter in waiters:
-        waiter.start()
+    for pair in zip(works[1:], requests[1:]):
+        _waiters.wait(*pair)
     _complete_one(works[0], requests[0])
-    for waiter in waiters:
-        waiter.join()
+    for request in requests[1:]:
+        request._done.wait()
 
 
 def _complete_one(work, request):

@@ -24,12 +24,18 @@ PARALLELISMS = ("dp", "zero1", "zero2", "zero3", "tp", "tp+sp", "pp", "cp")
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """A decoder's sizes: L layers, hidden h, a heads, vocabulary V; ``psi`` = parameters."""
+    """A decoder's sizes: L layers, hidden h, a heads, vocabulary V; Ψ = ``psi``.
+
+    ``tied``: the LM head multiplies by the embedding's own V x h matrix, which
+    ``psi`` counts once (GPT-2's and this course's ``models.GPT``); untied, the
+    head is a second V x h matrix (Llama 2, Mixtral, DeepSeek-V3).
+    """
     psi: int
     layers: int
     hidden: int
     heads: int
     vocab: int
+    tied: bool = True
 
 
 def gpt_params(layers, hidden, vocab, seq_len, ffn=0, tie_weights=True) -> int:
@@ -48,8 +54,12 @@ def gpt_params(layers, hidden, vocab, seq_len, ffn=0, tie_weights=True) -> int:
 # Published models (hidden sizes and heads from their papers).
 PRESETS = {
     "GPT-2 124M": Model(124_439_808, 12, 768, 12, 50257),      # Radford et al. 2019
-    "7B": Model(7_000_000_000, 32, 4096, 32, 32000),           # Llama-2 7B's shape
-    "GPT-3 175B": Model(175_000_000_000, 96, 12288, 96, 50257),  # Brown et al. 2020, Table 2.1
+    # Llama-2 7B's shape, untied: its 6.74B parameters are 32 layers of
+    # 4h² + 3·h·11008 and two 32000 x 4096 matrices, embedding and head
+    "7B": Model(7_000_000_000, 32, 4096, 32, 32000, tied=False),
+    # GPT-3: Brown et al. 2020, Table 2.1; GPT-2's model (§2.1), whose head is the
+    # embedding's matrix (openai/gpt-2, src/model.py: logits = h · wte^T)
+    "GPT-3 175B": Model(175_000_000_000, 96, 12288, 96, 50257),
 }
 
 
