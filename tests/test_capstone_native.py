@@ -86,12 +86,19 @@ def test_native_trains_as_the_hand_composed_trainer_and_one_process(layout, runs
     assert sum(held) == len(list(whole.parameters()))            # split by pp
 
 
-def test_native_in_float64_leaves_only_rounding():
-    layout = (1, 2, 1, 2)
-    outs = ls.run(native.train, layout, STEPS, dtype=torch.float64,
-                  world_size=math.prod(layout), backend="gloo")
+def _variants(layout, steps):
+    return (native.train(layout, steps, dtype=torch.float64),
+            native.train(layout, steps, sequence_parallel=False, record_grads=(0,)))
+
+
+def test_native_in_float64_leaves_only_rounding_and_runs_without_sp(reference):
+    layout = (1, 2, 1, 2)                      # tp and cp together, in one launch
+    outs = ls.run(_variants, layout, STEPS, world_size=math.prod(layout),
+                  backend="gloo")
     ref = trainer.reference(STEPS, dtype=torch.float64)["losses"]
-    assert _rel(outs[0]["losses"], ref) <= 1e-12
+    assert _rel(outs[0][0]["losses"], ref) <= 1e-12
+    p = compare.parity([o[1] for o in outs], reference)        # without SP, fp32
+    assert p["grad_rel"] <= GRAD_TOL and p["curve_rel"] <= LOSS_RTOL, p
 
 
 def test_torch_context_parallel_still_raises_on_cpu_as_the_docstring_says():
@@ -100,3 +107,12 @@ def test_torch_context_parallel_still_raises_on_cpu_as_the_docstring_says():
     assert line is not None, "context_parallel ran on CPU: use it and update native.py"
     assert line.startswith("NotImplementedError: Operator aten._scaled_dot_"), line
     assert line in " ".join(native.__doc__.split()), line
+
+
+def test_step_time_ratio_reports_both_trainers_speeds():
+    # what it measures depends on the machine: only its form is checked here
+    r = native.step_time_ratio((2, 1, 1, 1), steps=2, repeats=1)
+    assert r["layout"] == (2, 1, 1, 1) and len(r["runs"]["hand"]) == 1
+    assert r["ratio"] == pytest.approx(r["native_tokens_per_s"]
+                                      / r["hand_tokens_per_s"])
+    assert r["hand_tokens_per_s"] > 0 and r["native_tokens_per_s"] > 0

@@ -44,6 +44,8 @@ claim true). For cp the attention is the course's hand ring attention
 local tensors that the TP styles hand it, each cp rank holding a contiguous
 slice of the sequence, its position embedding offset to its slice.
 """
+import math
+import statistics
 import traceback
 import warnings
 
@@ -61,10 +63,11 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from labsupport import models, timing
 from labsupport.capstone import data as capdata
+from labsupport.capstone import trainer
 from labsupport.capstone.layout import AXES, Layout
 from labsupport.capstone.model import config, stage_blocks, validate
 from labsupport.context_parallel.ring_attention import RingSelfAttention
-from labsupport.launch import identity
+from labsupport.launch import identity, session
 
 
 def make_mesh(layout):
@@ -311,3 +314,21 @@ def context_parallel_error(device="cpu") -> str | None:
     except Exception as error:   # the message is the claim
         return traceback.format_exception_only(error)[-1].strip()
     return None
+
+
+def step_time_ratio(layout, steps=12, repeats=3, **train_kw) -> dict:
+    """The hand-composed trainer's step time over native's on ``layout``, from
+    here (``ls.run``): the two run alternately ``repeats`` times each (the
+    machine's load drifts), each timed as ``train`` times itself; returns the
+    median tokens/s of each and ``ratio`` = hand step / native step (< 1: the
+    hand-composed trainer is faster)."""
+    layout = tuple(Layout(*layout))
+    runs = {"hand": [], "native": []}
+    for _ in range(repeats):
+        for name, fn in (("hand", trainer.train), ("native", train)):
+            outs = session.run(fn, layout, steps, world_size=math.prod(layout),
+                               backend="gloo", **train_kw)
+            runs[name].append(outs[0]["tokens_per_s"])
+    hand, nat = (statistics.median(runs[k]) for k in ("hand", "native"))
+    return dict(layout=layout, hand_tokens_per_s=hand, native_tokens_per_s=nat,
+                ratio=nat / hand, runs=runs)

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from labsupport import calls, models, timing
 from labsupport.pipeline import pipeline
 from labsupport.pipeline import sim as pipeline_sim
+from labsupport.capstone import checkpoint as capckpt
 from labsupport.capstone import data as capdata
 from labsupport.capstone.layout import Layout, make_groups
 from labsupport.capstone.model import Stage, config, validate
@@ -161,7 +162,8 @@ def step(stage, opt, batch, layout, groups, coords, m, sync=sync_gradients,
 def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=0,
           data_seed=0, model=None, optimizer="adamw", sequence_parallel=True,
           dtype=torch.float32, sync=sync_gradients, record_grads=(), text=None,
-          return_params=False, warmup=1, record_timeline=False):
+          return_params=False, warmup=1, checkpoint_every=0, checkpoint_dir=None,
+          resume=None, on_step=None, record_timeline=False):
     """Train the seeded decoder for ``steps`` steps on ``layout`` = (dp, tp, pp, cp).
 
     Runs on every rank of a world of dp·tp·pp·cp ranks. ``batch``: sequences
@@ -183,6 +185,13 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
     barriers; all steps if there are no more), the timeline if asked; with
     ``return_params``, its parameters (``compare.full_params`` puts the
     whole decoder together).
+
+    Checkpoints (``capstone.checkpoint``, DCP): every ``checkpoint_every``
+    steps into ``checkpoint_dir``/step<NNNNNN>; ``resume``: a checkpoint
+    written at any layout, to continue from its step (``steps`` counts from
+    the run's start, so the steps taken are its step .. steps - 1).
+    ``on_step(step, loss)``: called on every rank after each step (and its
+    save), e.g. for a progress line.
     """
     layout = Layout(*layout)
     if steps < 1:
@@ -202,9 +211,13 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
         loader = capdata.Loader(train_bytes, batch, seq_len, data_seed, layout.dp,
                                 coords.dp, layout.cp, coords.cp)
         losses, grads, updates, dev = [], {}, {}, identity.device()
+        meta = capckpt.run_meta(cfg, layout, loader.state_dict(), optimizer, dtype)
+        first = capckpt.resume(resume, stage, opt, loader, meta, steps)
+        if checkpoint_every and not checkpoint_dir:
+            raise ValueError("checkpoint_every needs a checkpoint_dir")
         start, timeline = None, None
-        for k in range(steps):
-            if k == min(warmup, steps - 1):    # time whole steps after warm-up
+        for k in range(first, steps):
+            if k == min(first + warmup, steps - 1):    # whole steps after warm-up
                 dist.barrier()
                 start, timed = timing.now(dev), steps - k
             ids, targets = (t.to(dev) for t in loader.next())
@@ -224,6 +237,11 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
                             for n, p in stage.named_parameters()}
                 updates[k] = {n: p.detach() - before[n]
                               for n, p in stage.named_parameters()}
+            if checkpoint_every and (k + 1) % checkpoint_every == 0:
+                capckpt.save(capckpt.path_for(checkpoint_dir, k + 1), stage, opt,
+                             dict(meta, step=k + 1, loader=loader.state_dict()))
+            if on_step is not None:
+                on_step(k, losses[-1])
         dist.barrier()
         seconds = timing.now(dev) - start     # once the device's work is done
     finally:
@@ -231,7 +249,8 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
     params = {n: p.detach().clone() for n, p in stage.named_parameters()}
     return dict(losses=losses, grads=grads, updates=updates, coords=tuple(coords),
                 layout=tuple(layout), shards=stage.shards(), rank=dist.get_rank(),
-                loader=loader.state_dict(), tokens_per_s=timed * batch * seq_len / seconds,
+                loader=loader.state_dict(), first_step=first,
+                tokens_per_s=timed * batch * seq_len / seconds,
                 params=params if return_params else None, timeline=timeline)
 
 
