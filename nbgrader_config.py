@@ -20,7 +20,11 @@ c.CourseDirectory.course_id = "distributed-training"
 
 # Each graded cell runs the student's code on several ranks with its own
 # deadline (labsupport.grading.TIMEOUT, 20 s unless $LABSUPPORT_GRADING_TIMEOUT
-# says otherwise), so a deadlock fails that cell on its own. nbgrader's limit per
-# cell (default 30 s) must stay above that deadline plus starting the ranks on a
-# busy machine; past it nbgrader interrupts the kernel and the cell scores zero.
-c.Execute.timeout = 120
+# says otherwise), so a deadlock fails that cell on its own: 20 s after its ranks
+# all stopped progressing, however busy the machine (a slow right answer is not
+# stopped; labsupport.launch.progress). nbgrader's limit per cell (default 30 s)
+# is wall clock, the one limit load can reach: past it nbgrader interrupts the
+# kernel and the cell scores zero. It is only the last resort (a cell that hangs
+# outside the ranks), so it stays far above what a right answer's cell takes on
+# a busy class hub (book/instructors.md, "Deadlocks never hang the grader").
+c.Execute.timeout = 600

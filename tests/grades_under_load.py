@@ -60,4 +60,5 @@ def verdicts() -> dict:
 
 
 if __name__ == "__main__":
+    print("grading", file=sys.stderr, flush=True)   # imports done (for the load test)
     print(json.dumps(verdicts(), sort_keys=True))

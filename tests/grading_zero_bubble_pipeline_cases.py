@@ -1,9 +1,38 @@
-"""Zero-bubble B, W and schedules, all wrong, for tests/test_grading_zero_bubble_pipeline.py.
+"""Zero-bubble B, W and schedules, all wrong, for
+tests/test_grading_zero_bubble_pipeline.py; and ``Slow``, a right schedule made
+slow (tests/test_grades_under_load.py).
 
 Imports only torch (the ranks import this module to unpickle each function). The
 reference is the source notebook's (tests/sources.py), never a copy here.
 """
+import time
+
 import torch
+
+
+class Slow:
+    """A right schedule made slow: its last rank computes for ``seconds`` of its own
+    thread's CPU time before the step, while the others wait for its messages (in
+    the step on the ranks; not where the schedule is played on stand-ins).
+
+    Wall time is at least CPU time, so each run lasts more than ``seconds`` on
+    any machine, loaded or not: a flat deadline shorter than that would call
+    it a deadlock. The schedule's calls and their order are the schedule's:
+    every check must grade it exactly as the schedule itself.
+    """
+
+    def __init__(self, schedule, seconds: float):
+        self.schedule, self.seconds = schedule, seconds
+        self.__name__ = f"{schedule.__name__}_slow"
+
+    def __call__(self, pp):
+        # in the step on the ranks only (a ZBRank), not where the schedule is played on
+        # stand-ins: the grader's ideal machine, each rank's plan of messages
+        if pp.rank == pp.world_size - 1 and type(pp).__name__ == "ZBRank":
+            start = time.thread_time()  # (a test's answer; no grader reads a clock)
+            while time.thread_time() - start < self.seconds:
+                pass
+        return self.schedule(pp)
 
 
 def backward_input_no_dzs(x, y, dy, zs):

@@ -1,5 +1,5 @@
 # Run: PYTHONPATH=$PWD .venv/bin/python -m pytest tests/test_capstone_resume.py -q
-"""The capstone's checkpoint (DCP), saved at one (dp, tp, pp, cp) layout and resumed at another.
+"""The capstone's checkpoint (DCP), saved at one layout and resumed at another.
 
 A run at 2x2x2x1 saves every two steps; resumed from step 2 at 4x1x2x1
 (dp 2 -> 4, tp 2 -> 1) and at 1x2x2x2 (dp 2 -> 1, cp 1 -> 2), the losses of
@@ -93,7 +93,8 @@ def test_each_rank_loads_its_slice_of_the_saved_tensors(saved, layout):
         for name, p in o["params"].items():
             held.add(name)
             shard = o["shards"][name]
-            assert torch.equal(p, compare.local_slice(whole["model"][name], shard)), name
+            want = compare.local_slice(whole["model"][name], shard)
+            assert torch.equal(p, want), name
             for key, v in o["optim"][name].items():
                 want = whole["optim"][name][key]
                 want = want if key == "step" else compare.local_slice(want, shard)
@@ -114,7 +115,7 @@ def test_resumed_on_another_layout_the_loss_continues(saved, layout):
     # and it ends where the uninterrupted run ended
     mine, theirs = compare.full_params(resumed), compare.full_params(outs)
     for name, p in mine.items():
-        if name.endswith("attn.k.bias"):    # zero gradient + Adam: noise (test_capstone)
+        if name.endswith("attn.k.bias"):   # zero gradient + Adam: noise (test_capstone)
             assert (p - theirs[name]).abs().max() <= 2 * 3e-3
             continue
         torch.testing.assert_close(p, theirs[name], rtol=1e-5, atol=1e-6, msg=name)
@@ -145,3 +146,9 @@ def test_latest_skips_incomplete_saves(tmp_path):
         if complete:
             (tmp_path / name / checkpoint.DCP_METADATA).write_bytes(b"")
     assert checkpoint.latest(str(tmp_path)) == str(tmp_path / "step000002")
+
+
+def test_resume_parity_for_the_notebook_and_the_benchmark():
+    r = compare.resume_parity((2, 2, 2, 1), (1, 2, 2, 2), steps=3, save_at=1)
+    assert r["equal"] and len(r["resumed"]) == len(r["uninterrupted"]) == 2, r
+    assert r["max_rel"] <= compare.LOSS_RTOL

@@ -173,6 +173,33 @@ def test_strings_and_comments_are_not_reads():
     assert reads_in(source) == {}
 
 
+# -- the deadline of every graded run (labsupport.launch.progress) ---------------------
+
+def test_every_graded_run_is_stopped_by_its_work_not_by_a_flat_wall_clock(monkeypatch):
+    """The one way a grader runs ranks (diagnosis.run_on_ranks) hands the launcher a
+    WorkDeadline: a deadlock is a stall of the ranks' CPU time, a loop their CPU
+    time; the wall clock only as the last resort (tests/test_launcher_deadlines.py
+    tests the launcher's verdicts, tests/test_grades_under_load.py under load)."""
+    from labsupport import grading
+    from labsupport.grading import diagnosis
+    from labsupport.launch import limits, progress
+
+    given = []
+
+    class Cluster:
+        def run(self, fn, *args, timeout):
+            given.append(timeout)
+            return []
+
+    monkeypatch.setattr(diagnosis.session, "group_for", lambda n, backend: Cluster())
+    grading.run(len, world_size=2, timeout=5)
+    grading.run(len, world_size=2)
+    t = grading.TIMEOUT
+    assert given == [limits.grading_deadline(5), limits.grading_deadline(t)]
+    assert all(isinstance(d, progress.WorkDeadline) for d in given)
+    assert given[1] == progress.WorkDeadline(stall=t, cpu=3 * t, ceiling=30 * t)
+
+
 # -- the count by reference (labsupport.grading.held) ------------------------------------
 
 class Student:

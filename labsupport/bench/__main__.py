@@ -13,6 +13,7 @@
     python -m labsupport.bench moe            # chapter 9's all-to-all bytes, vs torch's, balance
     python -m labsupport.bench overlap        # time beside bytes: crossings, every chapter
     python -m labsupport.bench checkpoint     # chapter 10: shard bytes, reshard, resume, async, 2 nodes
+    python -m labsupport.bench capstone       # chapter 11: parity, hand vs PyTorch's composition, MFU, resume
     python -m labsupport.bench <name> --help
 """
 import importlib
@@ -31,6 +32,7 @@ BENCHMARKS = {
     "zero": "labsupport.zero.bench",
     "moe": "labsupport.expert_parallel.bench",
     "checkpoint": "labsupport.checkpoints.bench",
+    "capstone": "labsupport.capstone.bench",
     "overlap": "labsupport.bench.overlap",
 }
 

@@ -11,6 +11,9 @@
 - ``compare``: parity against one process, and ``compare(a, b)``, which names
   the first parameter whose gradient (or update) differs and the reduction
   (or the optimizer's double step) that explains it;
+- ``checkpoint``: the training state saved with DCP at one layout and loaded at
+  another (``train(checkpoint_every=, checkpoint_dir=, resume=)``);
+- ``run``: ``train`` as a torchrun script (``python -m labsupport.capstone.run``);
 - ``evaluate``: validation loss in bits per byte, text sampled with a seed;
 - ``flops``: FLOPs per token both ways, measured and theoretical peaks, MFU;
 - ``breakdown``: where a step's time goes, from its recorded timeline;

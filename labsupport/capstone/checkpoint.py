@@ -155,8 +155,9 @@ def check_meta(saved, mine, directory):
              if k != "step"]
     pairs += [(k, saved["config"].get(k), v) for k, v in mine["config"].items()]
     pairs += [(k, saved.get(k), mine[k]) for k in ("optimizer", "dtype")]
+    # once each (seq_len is both the loader's and the decoder's)
     diffs = list(dict.fromkeys(f"{k}={a} saved, {b} here" for k, a, b in pairs
-                               if a != b))        # seq_len is the loader's and the model's
+                               if a != b))
     if diffs:
         raise ValueError(f"cannot resume from {directory}: " + "; ".join(diffs)
                          + ". The layout may change; the global batch (sequences, "
@@ -249,3 +250,4 @@ def full_state(directory) -> dict:
             name, key = k.removeprefix("optim.").rsplit(".", 1)
             optim.setdefault(name, {})[key] = v
     return {"model": model, "optim": optim, "meta": read_meta(directory)}
+

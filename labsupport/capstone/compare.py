@@ -25,12 +25,13 @@ parameter list holds it k times).
 """
 import dataclasses
 import math
+import tempfile
 import warnings
 
 import torch
 
 from labsupport.launch import session
-from labsupport.capstone import trainer
+from labsupport.capstone import checkpoint, trainer
 from labsupport.capstone.layout import Layout, layout_groups
 from labsupport.capstone.trainer import all_reduce_buckets
 from labsupport.tensor_parallel.gpt import allreduce_sequence_parallel_grads
@@ -332,3 +333,23 @@ def parity_table(layouts, steps=4, dtype=torch.float32, **train_kw):
                       backend="gloo", world_size=math.prod(layout), **train_kw)
         rows.append(dict(layout=str(Layout(*layout)), **parity(outs, ref)))
     return rows
+
+
+def resume_parity(saved_at=(2, 2, 2, 1), resume_at=(4, 1, 2, 1), steps=4, save_at=2,
+                  root=None, **train_kw) -> dict:
+    """From the notebook (ranks started by ``ls.run``): train ``steps`` steps at
+    ``saved_at``, saving after ``save_at``; resume that checkpoint at ``resume_at``;
+    {"uninterrupted", "resumed": the losses of steps save_at .. steps - 1,
+    "max_rel": their largest relative difference, "equal": within LOSS_RTOL}.
+    ``root``: where the checkpoints go (default: a temporary directory)."""
+    def train(layout, **kw):
+        return session.run(trainer.train, tuple(layout), steps, backend="gloo",
+                           world_size=math.prod(layout), **train_kw, **kw)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = root or tmp
+        whole = train(saved_at, checkpoint_every=save_at, checkpoint_dir=root)
+        resumed = train(resume_at, resume=checkpoint.path_for(root, save_at))
+    want, got = whole[0]["losses"][save_at:], resumed[0]["losses"]
+    rel = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+    return dict(uninterrupted=want, resumed=got, max_rel=rel, equal=rel <= LOSS_RTOL)

@@ -5,7 +5,8 @@
         --checkpoint-dir ckpt --log-file run.log
     # later, at any layout (here 4 ranks), from the newest checkpoint in ckpt/:
     torchrun --standalone --nproc-per-node 4 -m labsupport.capstone.run \\
-        --dp 1 --tp 2 --pp 2 --cp 1 --steps 200 --checkpoint-dir ckpt --resume --log-file run.log
+        --dp 1 --tp 2 --pp 2 --cp 1 --steps 200 --checkpoint-dir ckpt --resume \\
+        --log-file run.log
 
 Every rank runs ``capstone.trainer.train`` on the layout (dp, tp, pp, cp),
 the function the notebook runs with ``ls.run``: gloo on CPUs, NCCL with one
@@ -97,8 +98,8 @@ def problems(args, world_size) -> list:
     if path and not out:
         saved = checkpoint.read_meta(path)
         if saved["step"] >= args.steps:
-            out.append(f"{path} is at step {saved['step']}: --steps {args.steps} leaves "
-                       "nothing to train (steps count from step 0)")
+            out.append(f"{path} is at step {saved['step']}: --steps {args.steps} "
+                       "leaves nothing to train (steps count from step 0)")
         try:
             checkpoint.check_meta(saved, run_meta(args, layout, cfg), path)
         except ValueError as err:
@@ -193,10 +194,10 @@ class Progress:
         k0, t0 = self.timed_from
         per_step = (now - t0) / (step - k0) if step > k0 else now - self.t0
         eta = dt.timedelta(seconds=round(per_step * (args.steps - step - 1)))
+        mfu = 100 * rate * self.per_token / self.peak
         line = (f"step {step + 1:>{len(str(args.steps))}}/{args.steps} | "
                 f"loss {loss:.6f} | {trainer.bits_per_byte(loss):.4f} bits/byte | "
-                f"{rate:,.0f} tok/s | MFU {100 * rate * self.per_token / self.peak:.2f}%"
-                f" | ETA {eta}")
+                f"{rate:,.0f} tok/s | MFU {mfu:.2f}% | ETA {eta}")
         if saved:
             line += f" | saved {args.checkpoint_dir}/step{step + 1:06d}"
         self.write(line)
@@ -228,8 +229,8 @@ def worker(args, argv, resume):
         progress.write(f"# layout dp={args.dp} tp={args.tp} pp={args.pp} cp={args.cp} "
                        f"({dist.get_world_size()} ranks) | decoder L={cfg.layers} "
                        f"h={cfg.hidden} heads={cfg.heads} V={cfg.vocab_size}, {n:,} "
-                       f"parameters | global batch {args.batch} x {args.seq_len} bytes, "
-                       f"m={args.micro_batches} | AdamW lr={args.lr:g}")
+                       f"parameters | global batch {args.batch} x {args.seq_len} "
+                       f"bytes, m={args.micro_batches} | AdamW lr={args.lr:g}")
         progress.write(f"# FLOPs per token 6N + 12·L·h·s = {per_token:,.0f} | peak: "
                        f"{what}")
         if resume:
@@ -250,7 +251,8 @@ def worker(args, argv, resume):
     if progress is not None:
         seconds = time.perf_counter() - progress.t0
         progress.write(
-            f"# done: steps {out['first_step'] + 1} to {args.steps} in {seconds:.1f} s; "
+            f"# done: steps {out['first_step'] + 1} to {args.steps} in "
+            f"{seconds:.1f} s; "
             f"{out['tokens_per_s']:,.0f} tok/s after the first step (MFU "
             f"{100 * out['tokens_per_s'] * per_token / progress.peak:.2f}%); last loss "
             f"{out['losses'][-1]:.6f} ({trainer.bits_per_byte(out['losses'][-1]):.4f} "

@@ -5,7 +5,8 @@
     ls.grading.assert_rules(calls, "fn", allowed=("all_reduce",))
 
 - ``checks``: each check, its cases and the messages for a wrong answer;
-- ``diagnosis``: running on the ranks with a deadline (``TIMEOUT``) and turning
+- ``diagnosis``: running on the ranks with a deadline (``TIMEOUT``, a stall of
+  the ranks' CPU time, not a flat wall clock: ``launch.progress``) and turning
   an exception or a hang into advice;
 - ``deadlock``: which message each stuck rank waited for, from its ``p2p_log``;
 - ``held``: what a student's code holds by reference, the memory count of

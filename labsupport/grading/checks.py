@@ -7,13 +7,15 @@
     calls = ls.grading.run(fn, x, world_size=4)     # any function: results, rules, deadline
 
 Each check runs the function on every rank through the launcher, with a
-deadline (``timeout``, default ``TIMEOUT``: $LABSUPPORT_GRADING_TIMEOUT or 20 s),
-and raises AssertionError with a message a student can act on: a wrong
-chunk, a collective used where the ring must be written by hand, a request
-never waited for, too many bytes sent, or, for a deadlock, which message
-each stuck rank waited for (``grading.diagnosis`` and ``grading.deadlock``).
-A deadlock therefore fails its nbgrader test cell within the deadline and
-never hangs ``nbgrader autograde``.
+deadline (``timeout``, default ``TIMEOUT``: $LABSUPPORT_GRADING_TIMEOUT or 20 s,
+sized from the work: ``grading.diagnosis``), and raises AssertionError with a
+message a student can act on: a wrong chunk, a collective used where the
+ring must be written by hand, a request never waited for, too many bytes
+sent, or, for a deadlock, which message each stuck rank waited for
+(``grading.diagnosis`` and ``grading.deadlock``).
+A deadlock therefore fails its nbgrader test cell once its ranks have waited
+the deadline and never hangs ``nbgrader autograde``; a slow answer is not
+stopped for being slow.
 """
 import torch
 import torch.distributed as dist

@@ -12,18 +12,24 @@ find a missing or misordered send.
 from labsupport import p2p_log
 
 
-def explain(logs: dict, stuck: list, now: float) -> str:
-    """One line per stopped rank: what it waited for, and what its peer was doing."""
+def explain(logs: dict, stuck: list, now: float, stalled: bool = False) -> str:
+    """One line per stopped rank: what it waited for, and what its peer was doing.
+    ``stalled``: the launcher saw every stuck rank wait, using no CPU time (so
+    one the record shows outside any call waited in a call it does not see)."""
     states = {rank: p2p_log.rank_state(events) for rank, events in logs.items()}
-    lines = [_describe_rank(rank, states, set(stuck), now) for rank in stuck]
+    lines = [_describe_rank(rank, states, set(stuck), now, stalled) for rank in stuck]
     return "  " + "\n  ".join(lines) + _deadlock_hint(states, stuck)
 
 
-def _describe_rank(rank, states, stuck, now) -> str:
+def _describe_rank(rank, states, stuck, now, stalled=False) -> str:
     st = states[rank]
     never = f" It never waited for its {'; '.join(st['unwaited'])}." if st["unwaited"] else ""
     if st["state"] == "returned":
         return f"rank {rank} had returned from the function; the others had not.{never}"
+    if st["state"] == "running" and stalled:
+        return (f"rank {rank} was waiting, using no CPU time, but not in a dist call "
+                "the grader records (a functional or autograd collective, or one torch "
+                "makes for you): see where it was, below.")
     if st["state"] == "running":
         return (f"rank {rank} was not waiting for any message: it was still running Python "
                 "code (an endless loop?).")

@@ -6,9 +6,18 @@
 launcher's own rule, ``session.group_for``; gloo even on GPUs, whose blocking
 ``wait()`` is what lets a deadlock be explained), with the deadline ``timeout``
 (default ``TIMEOUT``: $LABSUPPORT_GRADING_TIMEOUT or 20 s, read by
-``launch.limits``). An exception becomes an AssertionError with the
-student's frames only; a deadlock, which message each stuck rank waited for
-(recorded by ``labsupport.p2p_log``, explained by ``grading.deadlock``).
+``launch.limits``). The deadline is sized from the work, never from the wall
+clock alone (``limits.grading_deadline``, ``launch.progress``): the ranks
+are stopped as deadlocked once every one still running has waited
+``timeout`` seconds using no CPU time, which load cannot bring about in a run
+that computes; a run that computes is stopped only after ``3 * timeout``
+seconds of CPU time on one rank (an endless loop), and a last-resort
+ceiling of ``30 * timeout`` wall seconds ends anything else. So a slow but
+right answer on a loaded class hub is graded, and a deadlock still ends
+``timeout`` seconds after its ranks stopped. An exception becomes an
+AssertionError with the student's frames only; a deadlock, which message
+each stuck rank waited for (recorded by ``labsupport.p2p_log``, explained by
+``grading.deadlock``).
 A chapter's untouched your-turn stub, ``raise ls.NotWritten(...)`` on every
 failing rank, comes back as that NotWritten, so that ``your_turn.check``
 says "not written yet" instead of failing.
@@ -35,16 +44,17 @@ def name_of(fn) -> str:
 def run_on_ranks(rank_fn, args, world_size, timeout, name):
     """rank_fn(log_path, *args) on every rank; failures become AssertionErrors."""
     timeout = TIMEOUT if timeout is None else timeout
+    deadline = limits.grading_deadline(timeout)
     cluster = session.group_for(world_size, backend="gloo")
     log_dir = tempfile.mkdtemp(prefix="labsupport-grading-")
     try:
-        return cluster.run(rank_fn, log_dir, *args, timeout=timeout)
+        return cluster.run(rank_fn, log_dir, *args, timeout=deadline)
     except RankError as err:
         stub = _not_written(err)
         if stub is not None:
             raise stub from None
         logs = {r: p2p_log.read(log_path(log_dir, r)) for r in range(world_size)}
-        raise AssertionError(_explain(err, logs, name, world_size, timeout)) from None
+        raise AssertionError(_explain(err, logs, name, world_size, deadline)) from None
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
 
@@ -61,7 +71,7 @@ def log_path(log_dir, rank) -> str:
     return os.path.join(log_dir, f"rank{rank}.jsonl")
 
 
-def _explain(err: RankError, logs: dict, name: str, world_size: int, timeout) -> str:
+def _explain(err: RankError, logs: dict, name: str, world_size: int, deadline) -> str:
     ranks = sorted(err.stacks) if isinstance(err, RankTimeout) else err.ranks
     notes = {p2p_log.rank_state(logs[r])["note"] for r in ranks} - {None}
     during = f" (on {', '.join(sorted(notes))})" if notes else ""
@@ -70,9 +80,29 @@ def _explain(err: RankError, logs: dict, name: str, world_size: int, timeout) ->
                 if "NotImplementedError" in str(err) else "")
         return f"{name} failed on {world_size} ranks{during}: {_student_frames(str(err))}{hint}"
     where = _student_frames(str(err).split("\n\n", 1)[-1])
-    return (f"{name} did not finish within {timeout:g} s on {world_size} ranks{during}; the "
-            "stuck ranks were stopped:\n" + explain_deadlock(logs, ranks, time.time())
+    stalled = err.reason == "stall"
+    bounds = {"cpu": f"{deadline.cpu:g} s of CPU time",
+              "ceiling": f"{deadline.ceiling:g} s"}
+    within = bounds.get(err.reason, f"{deadline.stall:g} s")  # a stall: the deadline
+    return (f"{name} did not finish within {within} on {world_size} ranks{during}; the "
+            "stuck ranks were stopped:\n"
+            + explain_deadlock(logs, ranks, time.time(), stalled=stalled)
+            + "\n" + _why_stopped(err.reason, deadline)
             + "\nWhere each stopped rank was:\n" + where)
+
+
+def _why_stopped(reason, deadline) -> str:
+    """Why the grader stopped the ranks: a stall is a deadlock, not a slow answer."""
+    if reason == "stall":
+        return (f"(Stopped after {deadline.stall:g} s in which every rank still "
+                "running waited, using no CPU time: nothing could make them "
+                "progress. A slow answer is never stopped this way: a rank that "
+                "computes is not waiting.)")
+    if reason == "cpu":
+        return (f"(Stopped once a rank had used {deadline.cpu:g} s of CPU time, far "
+                "more than this check needs: a loop that never ends?)")
+    return (f"(Stopped at the last-resort limit of {deadline.ceiling:g} s: the ranks "
+            "neither finished nor sat waiting.)")
 
 
 _FRAME = re.compile(r'^  (File "|Cell In)')

@@ -7,6 +7,9 @@ one ``RankError`` that names the ranks and shows their tracebacks (or, for a
 stuck rank, where it was). Ranks that were still running are stopped and a
 fresh group is started in the background, so the next call works. The
 deadline is the only one: the ranks' collectives outwait any (see ``limits``).
+It is a number of seconds on the wall clock, or a ``progress.WorkDeadline``
+(the graders'): a run stopped when its ranks all sit idle, or one has used
+its CPU time, which load cannot bring about in a run that works.
 """
 import contextlib
 import itertools
@@ -19,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-from labsupport.launch import forkserver
+from labsupport.launch import forkserver, progress
 from labsupport.launch.errors import RankError, build_error, format_stack_dump
 from labsupport.launch.lifetime import describe_status
 from labsupport.launch.limits import (DEFAULT_TIMEOUT, GRACE, START_TIMEOUT, TAIL_CHARS,
@@ -46,6 +49,8 @@ class _Outcome:
     failures: dict = field(default_factory=dict)   # rank -> exception description
     running: list = field(default_factory=list)    # ranks that never answered
     stacks: dict = field(default_factory=dict)     # rank -> where a stopped rank was
+    reason: str = "deadline"  # why the running ranks were stopped (progress.Watch's)
+    watch: progress.Watch | None = None
 
 
 class Cluster:
@@ -95,7 +100,8 @@ class Cluster:
     def run(self, fn, *args, timeout: float | None = None, stream: bool = False, **kwargs) -> list:
         """Call ``fn(*args, **kwargs)`` on every rank; return the results as a list by rank.
 
-        ``timeout`` (seconds) overrides the group's deadline for this call;
+        ``timeout`` (seconds, or a ``progress.WorkDeadline``) overrides the group's
+        deadline for this call;
         ``stream=True`` shows output lines as they arrive instead of at the end.
         Tensors come back detached, on the CPU.
         """
@@ -125,7 +131,12 @@ class Cluster:
 
     def _round_trip(self, request, timeout, stream):
         self._check_open()
-        timeout = self.timeout if timeout is None else check_timeout(timeout)
+        watched = isinstance(timeout, progress.WorkDeadline)
+        if watched:
+            for seconds in (timeout.stall, timeout.cpu, timeout.ceiling):
+                check_timeout(seconds)
+        timeout = self.timeout if timeout is None else \
+            timeout if watched else check_timeout(timeout)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("another run is still in progress on this group")
         try:
@@ -139,16 +150,18 @@ class Cluster:
                     r.conn.send_bytes(data)
                 except OSError:
                     pass  # a dead rank: its closed connection is reported below
-            outcome = self._collect_or_abort(time.monotonic() + timeout, stream)
+            watch = progress.Watch([r.pid for r in ranks], timeout) if watched else None
+            end = time.monotonic() + (timeout.ceiling if watched else timeout)
+            outcome = self._collect_or_abort(end, stream, watch)
             show([r.output for r in ranks])  # (after an abort, already shown)
-            self._raise_for(outcome, f"the run's {timeout:g} s deadline")
+            self._raise_for(outcome, _deadline_text(timeout, outcome))
             return [_load_result(rank, outcome.results[rank]) for rank in range(self.world_size)]
         finally:
             self._lock.release()
 
-    def _collect_or_abort(self, deadline, stream) -> _Outcome:
+    def _collect_or_abort(self, deadline, stream, watch=None) -> _Outcome:
         try:
-            outcome = self._collect(deadline, stream)
+            outcome = self._collect(deadline, stream, watch)
         except BaseException:  # KeyboardInterrupt: stop the ranks, keep the kernel usable
             n = len(self._ranks or [])
             self._abort(_Outcome())
@@ -160,16 +173,28 @@ class Cluster:
             self._abort(outcome)
         return outcome
 
-    def _collect(self, deadline, stream) -> _Outcome:
-        """Wait for every rank's answer, a failure (plus a grace period), or the deadline."""
+    def _collect(self, deadline, stream, watch=None) -> _Outcome:
+        """Wait for every rank's answer, a failure (plus a grace period), or the
+        deadline (with a ``watch``: or its verdict that the ranks still running must
+        stop)."""
         pending = {r.conn: r for r in self._ranks}
-        outcome, failed_at = _Outcome(), None
+        outcome, failed_at = _Outcome(watch=watch), None
         while pending:
             end = deadline if failed_at is None else min(deadline, failed_at + GRACE)
             left = end - time.monotonic()
             if left <= 0:
+                if watch is not None and failed_at is None:
+                    outcome.reason = "ceiling"
                 break
-            for conn in wait(list(pending), timeout=min(left, 0.1) if stream else left):
+            if watch is not None and failed_at is None:
+                reason = watch.check([r.pid for r in pending.values()])
+                if reason is not None:
+                    outcome.reason = reason
+                    break
+            poll = stream or watch is not None
+            ready = wait(list(pending),
+                         timeout=min(left, progress.POLL) if poll else left)
+            for conn in ready:
                 r = pending.pop(conn)
                 kind, body = self._receive(r)
                 if kind in ("ok", "ready"):
@@ -192,8 +217,10 @@ class Cluster:
 
     def _raise_for(self, outcome: _Outcome, deadline_text: str):
         if outcome.failures or outcome.running:
-            raise build_error(outcome.failures, outcome.running, outcome.stacks,
-                              deadline_text, restarting=self._ranks is not None) from None
+            error = build_error(outcome.failures, outcome.running, outcome.stacks,
+                                deadline_text, restarting=self._ranks is not None)
+            error.reason = outcome.reason if outcome.running else None
+            raise error from None
 
     # -- starting and stopping ranks -------------------------------------------------
 
@@ -274,6 +301,20 @@ class Cluster:
                 "this group of ranks was shut down (by shutdown(), the end of a `with` block, or "
                 "a newer ls.start()). Use the group returned by the latest ls.start(), or "
                 "ls.run(fn, world_size=...), which starts one.")
+
+
+def _deadline_text(timeout, outcome: _Outcome) -> str:
+    """What stopped the ranks still running, for the error's first line."""
+    watch = outcome.watch
+    if watch is None:
+        return f"the run's {timeout:g} s deadline"
+    if outcome.reason == "stall":
+        return (f"the end of {watch.stalled_for:.0f} s in which they all waited, using "
+                f"no CPU time (the limit: {timeout.stall:g} s)")
+    if outcome.reason == "cpu":
+        return (f"their {timeout.cpu:g} s of CPU time (one rank used "
+                f"{watch.cpu_used:.1f} s)")
+    return f"the run's {timeout.ceiling:g} s ceiling"
 
 
 def _serialize(fn, args, kwargs) -> bytes:

@@ -13,8 +13,13 @@ class RankError(RuntimeError):
     """One or more ranks raised, died or had to be stopped.
 
     ``failures`` maps rank -> description of what it raised (or how it died);
-    ``stacks`` maps rank -> where a rank that had to be stopped was.
+    ``stacks`` maps rank -> where a rank that had to be stopped was;
+    ``reason``, why ranks still running were stopped: "deadline" (wall clock),
+    or, under a ``progress.WorkDeadline``, "stall", "cpu" or "ceiling" (None
+    when no rank was stopped).
     """
+
+    reason: str | None = None
 
     def __init__(self, message: str, failures: dict | None = None, stacks: dict | None = None):
         super().__init__(message)

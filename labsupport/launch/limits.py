@@ -2,7 +2,8 @@
 
 Deadlines (seconds): a run's ``DEFAULT_TIMEOUT`` unless ``ls.start(timeout=)``,
 ``ls.run(timeout=)``, ``%%ranks -t`` or the grader says otherwise
-(``grading_timeout``); ``START_TIMEOUT`` for ranks to come up; ``GRACE`` for the
+(``grading_timeout``, made a ``grading_deadline``: a stall, CPU time and a
+ceiling, see ``progress``); ``START_TIMEOUT`` for ranks to come up; ``GRACE`` for the
 other ranks' errors once one has failed. Whatever the deadline, it is the only
 one that ends a hang: a rank's collectives (its process group and every group it
 makes) wait ``COLLECTIVE_TIMEOUT``, longer than any deadline ``check_timeout``
@@ -12,12 +13,16 @@ import os
 import re
 from datetime import timedelta
 
+from labsupport.launch.progress import WorkDeadline
+
 DEFAULT_TIMEOUT = 120.0   # per run; generous, a deadline is for hangs
 START_TIMEOUT = 180.0     # importing torch on a busy shared machine can be slow
 GRACE = 0.5               # after one rank fails, how long to wait for the others' errors
 MAX_TIMEOUT = 7 * 24 * 3600.0  # the longest deadline a run may be given (a week)
 COLLECTIVE_TIMEOUT = timedelta(seconds=MAX_TIMEOUT + 60)  # beyond every deadline
 GRADING_TIMEOUT = 20.0    # per graded run, unless $LABSUPPORT_GRADING_TIMEOUT says otherwise
+GRADING_CPU_FACTOR = 3    # CPU s a graded rank may use, per second of that deadline
+GRADING_CEILING_FACTOR = 30  # wall s of the last-resort ceiling, per second of it
 SERVER_REPLY_TIMEOUT = 30.0  # the process server answers a request within this
 STACK_DUMP_WAIT = 1.0     # for a stopped rank's stack dump to be written
 EXIT_WAIT = 1.0           # for a rank that closed its connection to be reaped
@@ -49,6 +54,32 @@ def grading_timeout() -> float:
         raise ValueError(f"LABSUPPORT_GRADING_TIMEOUT={text!r}: give a positive number of "
                          "seconds (the deadline of each graded run), or unset it for "
                          f"{GRADING_TIMEOUT:g} s") from None
+
+
+def grading_deadline(timeout: float) -> WorkDeadline:
+    """When a graded run with deadline ``timeout`` is stopped (``progress.Watch``).
+
+    - ``stall = timeout``: every rank still running has waited that long,
+      using no CPU time, with no thread runnable: a deadlock. The deadline
+      a student reads ("did not finish within 20 s"), and what a deadlock
+      costs, as before; load cannot bring it about in a run that computes.
+    - ``cpu = GRADING_CPU_FACTOR * timeout``: a rank has done that much work,
+      in CPU seconds: an endless loop. Sized from the work: the heaviest
+      graded run of any assignment's reference used 0.58 CPU seconds on its
+      busiest rank here (assignment 5; every other one under 0.08 s;
+      book/instructors.md, "Deadlocks never hang the grader"), a hundredth
+      of the default 60 s and a tenth of the tests' 6 s; a CPU second is the
+      same work under any load (a starved rank accrues none), and differs
+      between machines by their speed only.
+    - ``ceiling = GRADING_CEILING_FACTOR * timeout`` of wall clock (600 s by
+      default): the last resort, for a rank neither reading can judge (stuck
+      in uninterruptible I/O); ten times the CPU budget, so a run that works
+      reaches it only on a machine that gives its ranks under a tenth of a
+      core each.
+    """
+    timeout = check_timeout(timeout)
+    return WorkDeadline(stall=timeout, cpu=GRADING_CPU_FACTOR * timeout,
+                        ceiling=min(MAX_TIMEOUT, GRADING_CEILING_FACTOR * timeout))
 
 
 CPUS_ENV = "LABSUPPORT_CPUS"  # the hub's per-user CPU limit (deploy/), when it sets one

@@ -1,0 +1,125 @@
+"""Chapter 11: the composed trainer's parity, speed beside PyTorch's composition, MFU, resume.
+
+    python -m labsupport.bench capstone [--steps 4] [--speed-layout 2 2 2 1]
+                                        [--speed-steps 6] [--repeats 3] [--no-16]
+                                        [--layouts 2,1,1,1 ...] [--hidden 64 ...]
+
+On the capstone's decoder and the Bible's bytes (``labsupport.capstone``):
+
+- parity: every layout of the chapter, (1,1,1,1) ... (2,2,2,1) and the 4-D
+  (2,2,2,2) on 16 ranks, against one process (``compare.parity_table``):
+  the step-0 loss's relative difference and the curve's over ``--steps``;
+- speed: the hand-composed trainer (``trainer.train``, the lessons' code) and
+  PyTorch's composition (``native.train``: FSDP2, DTensor TP + SP,
+  ``Schedule1F1B``) on the same layout, sizes and global batch, tokens/s
+  over the steps after warm-up; their step ratio (hand / PyTorch: below 1,
+  the hand-composed step is faster);
+- MFU of the hand-composed run against this machine's measured float32
+  matmul peak on all its cores (``capstone.flops``: 6N + 12·L·h·s FLOPs
+  per token; per machine, since the ranks share its cores);
+- resume: a run checkpointed at (2,2,2,1) half-way and resumed at (4,1,2,1)
+  against the uninterrupted run, every loss within ``compare.LOSS_RTOL``.
+
+The last line is machine-readable: ``capstone_step0_rel_diff=<max over
+layouts> capstone_curve_rel_diff=<max over layouts and steps>
+capstone_step_ratio_vs_native=<x> capstone_mfu_measured_peak=<y>
+capstone_resume_equal=<0|1>``. Goals: step 0 <= 1e-6, curve <= 1e-4, step
+ratio <= 1.0, resume 1. Timings are this machine's, under its load.
+"""
+import argparse
+import math
+import os
+
+LAYOUTS = [(1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2),
+           (2, 2, 2, 1)]
+FOUR_D = (2, 2, 2, 2)
+SAVED_AT, RESUMED_AT = (2, 2, 2, 1), (4, 1, 2, 1)
+
+
+def parity(args) -> list:
+    from labsupport.capstone import compare
+    layouts = [tuple(x) for x in args.layouts] if args.layouts else (
+        LAYOUTS + ([] if args.no_16 else [FOUR_D]))
+    rows = compare.parity_table(layouts, steps=args.steps)
+    for r in rows:
+        print(f"parity {r['layout']:>24}: step 0 {r['step0_rel']:.1e}  "
+              f"grads {r['grad_rel']:.1e}  curve {r['curve_rel']:.1e}")
+    return rows
+
+
+def speed(args) -> dict:
+    """tokens/s of the hand-composed and the PyTorch-composed trainer on one
+    layout, run alternately (``native.step_time_ratio``: medians of repeats)."""
+    from labsupport.capstone import native
+    layout, n = tuple(args.speed_layout), math.prod(args.speed_layout)
+    r = native.step_time_ratio(layout, steps=args.speed_steps, repeats=args.repeats,
+                               batch=args.batch, seq_len=args.seq_len,
+                               micro_batches=args.micro_batches, warmup=2,
+                               model=dict(hidden=args.hidden, heads=args.heads,
+                                          layers=args.layers, seq_len=args.seq_len))
+    for name in ("hand", "native"):
+        tps = r[f"{name}_tokens_per_s"]
+        print(f"speed {name:>6} {layout}: {tps:,.0f} tokens/s ({tps / n:,.0f} per rank), "
+              f"median of {args.repeats}")
+    return r
+
+
+def mfu(tokens_per_s, args) -> float:
+    from labsupport.capstone import flops, model
+    cfg = model.config(hidden=args.hidden, heads=args.heads, layers=args.layers,
+                       seq_len=args.seq_len)
+    per_token = flops.per_token(cfg, args.seq_len)
+    peak = flops.measured_peak()
+    value = flops.mfu(tokens_per_s, per_token, peak)
+    print(f"mfu: {tokens_per_s:,.0f} tokens/s x {per_token:,.0f} FLOPs/token over "
+          f"{peak / 1e9:.1f} GFLOP/s measured (float32 matmul, "
+          f"{len(os.sched_getaffinity(0))} threads) = {value:.2%}")
+    return value
+
+
+def resume(args) -> bool:
+    """Saved at SAVED_AT half-way, resumed at RESUMED_AT (``compare.resume_parity``):
+    the losses of the uninterrupted run?"""
+    from labsupport.capstone import compare
+    steps, half = args.steps * 2, args.steps
+    r = compare.resume_parity(SAVED_AT, RESUMED_AT, steps=steps, save_at=half)
+    print(f"resume: saved at {SAVED_AT} after {half} steps, resumed at {RESUMED_AT}: "
+          f"steps {half}..{steps - 1} within {r['max_rel']:.1e} of the uninterrupted "
+          f"run ({'equal' if r['equal'] else 'NOT equal'} at {compare.LOSS_RTOL:g})")
+    return r["equal"]
+
+
+def _layout(text):
+    parts = tuple(int(x) for x in text.split(","))
+    if len(parts) != 4 or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"a layout is dp,tp,pp,cp (4 positive "
+                                         f"integers), got {text!r}")
+    return parts
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(prog="python -m labsupport.bench capstone")
+    parser.add_argument("--steps", type=int, default=4, help="parity steps (default 4)")
+    parser.add_argument("--no-16", action="store_true", help="skip the 16-rank layout")
+    parser.add_argument("--layouts", type=_layout, nargs="+", metavar="DP,TP,PP,CP",
+                        help="parity on these layouts only (default: the chapter's)")
+    parser.add_argument("--speed-layout", type=int, nargs=4, default=[2, 2, 2, 1],
+                        metavar=("DP", "TP", "PP", "CP"))
+    parser.add_argument("--speed-steps", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3, help="speed runs of each")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--micro-batches", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=4)
+    args = parser.parse_args(argv)
+    rows = parity(args)
+    tps = speed(args)
+    value = mfu(tps["hand_tokens_per_s"], args)
+    equal = resume(args)
+    print(f"capstone_step0_rel_diff={max(r['step0_rel'] for r in rows):.3e} "
+          f"capstone_curve_rel_diff={max(r['curve_rel'] for r in rows):.3e} "
+          f"capstone_step_ratio_vs_native={tps['ratio']:.3f} "
+          f"capstone_mfu_measured_peak={value:.4f} "
+          f"capstone_resume_equal={int(equal)}")
