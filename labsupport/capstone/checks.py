@@ -28,7 +28,8 @@ def _slips(layers, hidden, seq, vocab, causal):
     return {
         "6·V·h too many: the token embedding is a lookup (no FLOPs); only the "
         "LM head is a matmul": right + lookup,
-        "6·V·h missing: the LM head (h x V) is a matmul of every token": right - lookup,
+        "6·V·h missing: the LM head (h x V) is a matmul of every token":
+            right - lookup,
         "a third of the answer: that is the forward; a training step adds the "
         "backward, twice the forward (Kaplan et al. 2020, §2.1)": right / 3,
         "the other convention's attention: causal=True counts 6·L·h·s "
@@ -50,7 +51,8 @@ def check_flops_per_token(fn):
             for slip, value in _slips(layers, hidden, seq, vocab, causal).items():
                 if math.isclose(got, value, rel_tol=1e-9):
                     raise AssertionError(f"{where}: {slip}")
-            raise AssertionError(f"{where} (x{got / want:.4g}; the MLP is h -> 4h -> h)")
+            raise AssertionError(f"{where} (x{got / want:.4g}; the MLP is "
+                                 "h -> 4h -> h)")
 
 
 def mystery_sync(stage, groups, layout):

@@ -39,12 +39,14 @@ def bits_per_byte(gpt, data, batch, seq_len, count) -> float:
 
 
 @torch.no_grad()
-def sample(gpt, prompt: str, length: int, seed: int = 0, temperature: float = 1.0) -> str:
+def sample(gpt, prompt: str, length: int, seed: int = 0,
+           temperature: float = 1.0) -> str:
     """``prompt`` and ``length`` bytes drawn from ``gpt`` one at a time
     (softmax of the logits / ``temperature``, a generator seeded with
     ``seed``), decoded as UTF-8 (a cut character shows U+FFFD)."""
     if length < 0 or temperature <= 0:
-        raise ValueError(f"length={length} and temperature={temperature}: need >= 0, > 0")
+        raise ValueError(f"length={length} and temperature={temperature}: "
+                         "need >= 0 and > 0")
     g = torch.Generator().manual_seed(seed)
     ids = torch.tensor(list(prompt.encode("utf-8")), dtype=torch.long)[None]   # (1, t)
     if ids.shape[1] == 0:
