@@ -204,3 +204,104 @@ def test_cpu_theoretical_peak_reads_cpuinfo(tmp_path):
     cores = p["cores"]
     assert (p["isa"], p["ghz"]) == ("avx2", 2.0)
     assert p["low"] == pytest.approx(cores * 2e9 * 8 * 2) and p["high"] == 2 * p["low"]
+
+
+def test_compare_names_a_weight_updated_twice():
+    # Gradients equal at step 0, the update of stage 0's first weight doubled:
+    # tok.weight on the ranks of stage 0 whose embedding rows step 0 uses (tp
+    # rank 1 holds the rows of bytes 128-255, of which its batch has none:
+    # their gradient is zero, their update zero, doubled or not).
+    ids = data.Loader(data.split(data.corpus())[0], 8, 32).next()[0]
+    assert int(ids.max()) < 128
+    report = compare.compare((1, 1, 1, 1), (2, 2, 2, 1), steps=2,
+                             optimizer_b=compare.adamw_one_weight_twice)
+    assert report.step == 0 and report.what == "update", str(report)
+    assert report.parameter == "tok.weight" and report.ranks == [0, 4], str(report)
+    assert report.factor == pytest.approx(2, rel=1e-3)
+    assert report.reduction.startswith("updated twice (x2 the one-process update)")
+    assert "its update x2" in str(report)
+
+
+def test_every_broken_variant_is_named_and_a_correct_one_is_not():
+    layouts = {"LayerNorm grads not reduced over tp under SP": (1, 2, 2, 1),
+               "loss averaged over dp but not cp": (1, 1, 1, 2),
+               "a weight updated twice": (1, 1, 2, 1)}
+    assert set(layouts) == set(compare.BROKEN)
+    words = {"LayerNorm grads not reduced over tp under SP":
+             "all-reduce over tp is missing",
+             "loss averaged over dp but not cp": "x2 = |cp|",
+             "a weight updated twice": "updated twice"}
+    for name, layout in layouts.items():
+        kw = compare.BROKEN[name]
+        report = compare.compare((1, 1, 1, 1), layout, steps=2, sync_b=kw.get("sync"),
+                                 optimizer_b=kw.get("optimizer"))
+        assert words[name] in (report.reduction or ""), (name, str(report))
+    # SGD's update is the gradient times lr: doubled too, and a correct run is equal
+    assert compare.compare((1, 1, 1, 1), (1, 1, 2, 1), steps=2, optimizer="sgd").equal
+
+
+# --- evaluation, the step's breakdown, the your-turn checks ---------------------------
+def test_bits_per_byte_and_sampling():
+    from labsupport.capstone import evaluate
+    val = data.split(data.corpus())[1]
+    cfg = model.config(seq_len=32)
+    gpt = models.GPT(cfg, seed=0)
+    untrained = evaluate.bits_per_byte(gpt, val, 4, 32, 2)
+    assert 7.5 < untrained < 8.5               # near log2(256): it knows nothing yet
+    trained = trainer.reference(20, lr=1e-2)["model"]
+    assert evaluate.bits_per_byte(trained, val, 4, 32, 2) < untrained - 1
+    a = evaluate.sample(gpt, "And God said", 40, seed=3)
+    assert a == evaluate.sample(gpt, "And God said", 40, seed=3)      # fixed seed
+    assert a.startswith("And God said") and a != evaluate.sample(gpt, "And God said",
+                                                                 40, seed=4)
+    assert len(a.encode("utf-8", errors="surrogatepass")) >= 12
+    assert gpt.training                                                 # left as found
+    with pytest.raises(ValueError, match="prompt"):
+        evaluate.sample(gpt, "", 3)
+
+
+def test_the_step_breakdown_adds_up_and_sees_each_dimension():
+    from labsupport.capstone import breakdown
+    outs = ls.run(trainer.train, (1, 2, 2, 2), 2, record_timeline=True, world_size=8,
+                  backend="gloo")
+    for o in outs:
+        parts = breakdown.step_parts(o)
+        window = o["timeline"]["end"] - o["timeline"]["start"]
+        assert sum(parts.values()) == pytest.approx(window, rel=1e-9)
+        assert min(parts["tp"], parts["cp ring"], parts["compute"]) > 0, parts
+    assert breakdown.mean_parts(outs)["pp wait"] > 0
+    one = ls.run(trainer.train, (1, 1, 1, 1), 2, record_timeline=True, world_size=1)
+    parts = breakdown.step_parts(one[0])
+    assert parts["tp"] == parts["cp ring"] == parts["pp wait"] == 0
+    assert parts["compute"] > 0
+    with pytest.raises(ValueError, match="record_timeline"):
+        breakdown.step_parts(dict(one[0], timeline=None))
+
+
+def test_the_your_turn_checks_pass_a_right_answer_and_name_each_slip():
+    from labsupport.capstone import checks
+
+    def right(layers, hidden, seq, vocab, causal):
+        n = layers * 12 * hidden ** 2 + vocab * hidden
+        return 6 * n + (6 if causal else 12) * layers * hidden * seq
+    checks.check_flops_per_token(right)
+    slips = {"lookup": lambda *a: right(*a) + 6 * a[3] * a[1],
+             "the forward": lambda *a: right(*a) / 3,
+             "other convention": lambda *a: right(*a[:4], not a[4]),
+             "x1.5": lambda *a: right(*a) * 1.5}
+    for words, fn in slips.items():
+        with pytest.raises(AssertionError, match=words):
+            checks.check_flops_per_token(fn)
+
+    def repair(stage, groups, layout):
+        from labsupport.tensor_parallel.gpt import allreduce_sequence_parallel_grads
+        allreduce_sequence_parallel_grads(stage)
+        for p in stage.parameters():
+            p.grad /= layout.dp
+    checks.check_repair(repair)
+
+    def half_repair(stage, groups, layout):
+        for p in stage.parameters():
+            p.grad /= layout.dp
+    with pytest.raises(AssertionError, match="all-reduce over tp is missing"):
+        checks.check_repair(half_repair)

@@ -9,11 +9,15 @@
 - ``trainer``: ``train(layout, steps)`` (chapter 5's 1F1B, the gradient sync
   over tp and dp x cp) and ``reference``, the same training in one process;
 - ``compare``: parity against one process, and ``compare(a, b)``, which names
-  the first parameter whose gradient differs and the reduction that explains it;
+  the first parameter whose gradient (or update) differs and the reduction
+  (or the optimizer's double step) that explains it;
 - ``checkpoint``: the training state saved with DCP at one layout and loaded at
   another (``train(checkpoint_every=, checkpoint_dir=, resume=)``);
 - ``run``: ``train`` as a torchrun script (``python -m labsupport.capstone.run``);
-- ``flops``: FLOPs per token, the measured and theoretical peaks, MFU.
+- ``evaluate``: validation loss in bits per byte, text sampled with a seed;
+- ``flops``: FLOPs per token both ways, measured and theoretical peaks, MFU;
+- ``breakdown``: where a step's time goes, from its recorded timeline;
+- ``checks``: the your-turn checks of notebooks/11_capstone.ipynb.
 
-The chapter (notebooks/11_...) is still to be written; nothing is re-exported.
+Nothing is re-exported.
 """

@@ -17,10 +17,16 @@ what factor; then each group the layout has is tried as the explanation:
 - they are 1/|G| of it: divided by |G| once too often;
 - their sum over G is the reference: the all-reduce over G is missing (a
   partial gradient left unsummed, as LayerNorm's under sequence parallelism).
+
+When a step's loss and gradients agree, its updates (each parameter's change
+in the optimizer's step) are compared too: gradients equal and an update k
+times the reference is a parameter the optimizer steps k times (its
+parameter list holds it k times).
 """
 import dataclasses
 import math
 import tempfile
+import warnings
 
 import torch
 
@@ -34,6 +40,9 @@ LOSS_RTOL = 1e-5      # fp32: another order of the same sums
 GRAD_RTOL = 1e-4      # of the parameter's largest reference entry, or of FLOOR x the
 FLOOR = 1e-3          # model's: a gradient that is zero in exact arithmetic (the key
                       # biases': softmax ignores a constant added to a row) is noise
+UPDATE_RTOL = 1e-4    # of the parameter's largest reference update (entries whose
+                      # reference gradient passes the floor: Adam divides a gradient
+                      # by its own size, so a noise gradient moves by ~lr either way)
 
 
 def local_slice(full, shard):
@@ -69,6 +78,11 @@ def full_grads(outs, step):
     return assemble(outs, lambda out: out["grads"][step])
 
 
+def full_updates(outs, step):
+    """{name: whole update} (the parameters' change) at ``step``."""
+    return assemble(outs, lambda out: out["updates"][step])
+
+
 def full_params(outs):
     """The whole decoder's parameters after ``train(..., return_params=True)``:
     ``models.GPT(config).load_state_dict(full_params(outs))``."""
@@ -87,6 +101,26 @@ def grad_differences(outs, ref, step):
             diff = (g - want).abs().max().item() / scale
             worst, ranks = out.get(name, (0.0, []))
             out[name] = (max(worst, diff), ranks + [o["rank"]] * (diff > GRAD_RTOL))
+    return out
+
+
+def update_differences(outs, ref_updates, ref_grads, step):
+    """{name: (largest |difference| over ranks / the parameter's largest
+    reference update, ranks where it passes UPDATE_RTOL)} of every rank's
+    update at ``step``, over the entries whose reference gradient passes
+    FLOOR x the model's largest (the others' updates are noise under Adam)."""
+    out = {}
+    floor = FLOOR * max(g.abs().max().item() for g in ref_grads.values())
+    for o in outs:
+        for name, u in o["updates"][step].items():
+            keep = local_slice(ref_grads[name], o["shards"][name]).abs() > floor
+            if not keep.any():
+                continue
+            want = local_slice(ref_updates[name], o["shards"][name]).to(u)
+            scale = want[keep].abs().max().item() or 1.0
+            diff = (u - want)[keep].abs().max().item() / scale
+            worst, ranks = out.get(name, (0.0, []))
+            out[name] = (max(worst, diff), ranks + [o["rank"]] * (diff > UPDATE_RTOL))
     return out
 
 
@@ -115,6 +149,7 @@ class Report:
     ranks: list | None = None
     factor: float | None = None
     reduction: str | None = None
+    what: str = "gradient"        # or "update": gradients equal, the step differs
 
     @property
     def equal(self):
@@ -124,11 +159,12 @@ class Report:
         a, b = (str(Layout(*x)) for x in self.layouts)
         if self.equal:
             return f"{b} = {a}: every step's loss and gradients within tolerance"
-        lines = [f"{b} vs {a}: first difference at step {self.step} "
-                 f"(loss relative difference {self.loss_rel:.1e})"]
+        loss = (f"loss within {LOSS_RTOL:.0e}" if self.loss_rel <= LOSS_RTOL
+                else f"loss relative difference {self.loss_rel:.1e}")
+        lines = [f"{b} vs {a}: first difference at step {self.step} ({loss})"]
         if self.parameter:
             lines.append(f"  first parameter: {self.parameter}, on ranks {self.ranks}, "
-                         f"x{self.factor:.3g} the reference")
+                         f"its {self.what} x{self.factor:.3g} the reference's")
         lines.append(f"  diagnosis: {self.reduction or 'not a group-size factor'}")
         return "\n".join(lines)
 
@@ -179,6 +215,30 @@ def diagnose(outs, ref, step, name, layout):
     return bad, factor, None
 
 
+def diagnose_update(outs, ref_updates, ref_grads, step, name):
+    """(ranks, factor, explanation) for an update that differs while the
+    gradients agree: k times the reference's is a parameter stepped k times."""
+    bad = update_differences(outs, ref_updates, ref_grads, step)[name][1]
+    floor = FLOOR * max(g.abs().max().item() for g in ref_grads.values())
+    got, exp = [], []
+    for o in outs:
+        if o["rank"] in bad:
+            shard = o["shards"][name]
+            keep = local_slice(ref_grads[name], shard).abs() > floor
+            got.append(o["updates"][step][name][keep])
+            exp.append(local_slice(ref_updates[name], shard).to(got[-1])[keep])
+    got, exp = torch.cat(got), torch.cat(exp)
+    factor = (got @ exp / (exp @ exp)).item()
+    times = round(factor)
+    if times >= 2 and (got - times * exp).abs().max() <= UPDATE_RTOL * 10 * (
+            times * exp).abs().max():
+        words = {2: "twice", 3: "three times"}.get(times, f"{times} times")
+        return bad, factor, (f"updated {words} (x{times} the one-process update) "
+                             f"with gradients equal: the optimizer steps {name} "
+                             f"{words}; its parameter list holds it {words}")
+    return bad, factor, None
+
+
 def first_difference(outs_a, outs_b, layout_b, ref=None):
     """Report of where ``outs_b`` leaves ``outs_a`` (both ``train`` results with
     gradients recorded at every step); ``ref`` a one-process run to use as
@@ -191,7 +251,18 @@ def first_difference(outs_a, outs_b, layout_b, ref=None):
         rel = abs(lb[k] - la[k]) / abs(la[k])
         bad = [n for n, (d, ranks) in diffs.items() if ranks]
         if rel <= LOSS_RTOL and not bad:
-            continue
+            if "updates" not in outs_a[0] or k not in outs_a[0]["updates"]:
+                continue
+            moved = update_differences(outs_b, full_updates(outs_a, k), whole, k)
+            wrong = [n for n, (d, ranks) in moved.items() if ranks]
+            if not wrong:
+                continue
+            name = min(wrong, key=list(whole).index)
+            report.step, report.loss_rel, report.parameter = k, rel, name
+            report.what = "update"
+            report.ranks, report.factor, report.reduction = diagnose_update(
+                outs_b, full_updates(outs_a, k), whole, k, name)
+            return report
         report.step, report.loss_rel = k, rel
         if bad:
             order = list(whole)                       # the model's parameter order
@@ -216,20 +287,37 @@ def sync_dp_not_cp(stage, groups, layout):
     all_reduce_buckets(stage, groups["dp_cp"], divide_by=layout.dp)
 
 
-BROKEN = {"LayerNorm grads not reduced over tp under SP": sync_without_sp_reduce,
-          "loss averaged over dp but not cp": sync_dp_not_cp}
+def adamw_one_weight_twice(params, lr=3e-3):
+    """Broken on purpose: the trainer's AdamW (its default lr) over a
+    parameter list that holds the stage's first weight twice, as a list
+    collected module by module holds a weight that two modules share.
+    ``torch.optim`` only warns ("optimizer contains a parameter group with
+    duplicate parameters", torch/optim/optimizer.py) and steps it twice."""
+    params = list(params)
+    with warnings.catch_warnings():   # the warning is the bug's only sign
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.optim.AdamW(params + params[:1], lr=lr, weight_decay=0.0)
 
 
-def compare(layout_a, layout_b, steps=3, sync_b=None, **train_kw):
+# Three broken variants, by name: the train() keywords that make each.
+BROKEN = {"LayerNorm grads not reduced over tp under SP":
+          dict(sync=sync_without_sp_reduce),
+          "loss averaged over dp but not cp": dict(sync=sync_dp_not_cp),
+          "a weight updated twice": dict(optimizer=adamw_one_weight_twice)}
+
+
+def compare(layout_a, layout_b, steps=3, sync_b=None, optimizer_b=None, **train_kw):
     """Train on both layouts (from the notebook: ranks started by ``ls.run``)
     and report the first step, parameter, ranks and factor where they differ.
-    ``sync_b``: another gradient synchronisation for ``layout_b`` (a broken one)."""
+    ``sync_b``, ``optimizer_b``: another gradient synchronisation or optimizer
+    for ``layout_b`` (a broken one, ``BROKEN``)."""
     kw = dict(train_kw, record_grads=tuple(range(steps)))
     outs = []
-    for layout, sync in ((layout_a, None), (layout_b, sync_b)):
-        extra = {"sync": sync} if sync else {}
+    for layout, extra in ((layout_a, {}), (layout_b, dict(sync=sync_b,
+                                                          optimizer=optimizer_b))):
+        extra = {k: v for k, v in extra.items() if v is not None}
         outs.append(session.run(trainer.train, tuple(layout), steps, backend="gloo",
-                           world_size=math.prod(layout), **kw, **extra))
+                                world_size=math.prod(layout), **kw, **extra))
     return first_difference(outs[0], outs[1], layout_b)
 
 

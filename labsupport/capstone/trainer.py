@@ -26,12 +26,13 @@ One step on every rank (``step``):
 With the same global batch, every layout computes the loss and the gradients
 of one process up to the order of floating-point sums (tests/test_capstone.py).
 """
+import contextlib
 import math
 
 import torch
 import torch.distributed as dist
 
-from labsupport import models, timing
+from labsupport import calls, models, timing
 from labsupport.pipeline import pipeline
 from labsupport.pipeline import sim as pipeline_sim
 from labsupport.capstone import checkpoint as capckpt
@@ -124,9 +125,10 @@ def build(layout, cfg, seed=0, sequence_parallel=True, dtype=torch.float32):
 
 
 def step(stage, opt, batch, layout, groups, coords, m, sync=sync_gradients,
-         dtype=torch.float32):
+         dtype=torch.float32, record=None):
     """One training step on this rank's part of a global batch (ids, targets,
-    on the device); returns the global mean loss (the same on every rank)."""
+    on the device); returns the global mean loss (the same on every rank).
+    ``record``: a dict that receives the step's timeline (``record_timeline``)."""
     ids, targets = batch
     tp = dist.get_world_size(groups["tp"])
     b, c = ids.shape
@@ -140,8 +142,10 @@ def step(stage, opt, batch, layout, groups, coords, m, sync=sync_gradients,
     pp = StagePipeline(stage, ids, targets, m, shape, pp_ranks, coords.pp, dtype)
     pipeline.train_step_1f1b(pp)
     pipeline.wait_for(pp, len(pp.batches))              # the step's last sends too
-    sync(stage, groups, layout)
-    opt.step()
+    with pp.tl.span("comm", "sync"):                    # tp (SP) and dp x cp
+        sync(stage, groups, layout)
+    with pp.tl.span("compute", "optimizer"):
+        opt.step()
     loss = torch.zeros((), dtype=dtype, device=ids.device)
     if stage.last:                                      # mean over dp x cp
         loss = torch.stack(pp.losses).sum()
@@ -150,6 +154,8 @@ def step(stage, opt, batch, layout, groups, coords, m, sync=sync_gradients,
             loss /= layout.dp * layout.cp
     if layout.pp > 1:                                   # to every stage
         dist.broadcast(loss, src=pp_ranks[-1], group=groups["pp"])
+    if record is not None:
+        record["events"] = pp.tl.events
     return loss
 
 
@@ -157,21 +163,26 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
           data_seed=0, model=None, optimizer="adamw", sequence_parallel=True,
           dtype=torch.float32, sync=sync_gradients, record_grads=(), text=None,
           return_params=False, warmup=1, checkpoint_every=0, checkpoint_dir=None,
-          resume=None, on_step=None):
+          resume=None, on_step=None, record_timeline=False):
     """Train the seeded decoder for ``steps`` steps on ``layout`` = (dp, tp, pp, cp).
 
     Runs on every rank of a world of dp·tp·pp·cp ranks. ``batch``: sequences
     of ``seq_len`` bytes per global batch (the same bytes on every layout);
     ``micro_batches``: the pipeline's m per replica; ``model``: sizes for
     ``capstone.model.config`` (default: 2 blocks, h = 32, 4 heads).
-    ``sync``: the gradient synchronisation (a broken one, to see what the
-    parity procedure finds). ``record_grads``: the steps whose gradients
-    (after sync, before the optimizer) this rank returns, by parameter name.
+    ``optimizer``: "adamw", "sgd" or a callable(params) -> Optimizer (a broken
+    one, ``compare.adamw_one_weight_twice``, to see what the parity procedure
+    finds). ``sync``: the gradient synchronisation (a broken one, likewise).
+    ``record_grads``: the steps whose gradients (after sync, before the
+    optimizer) and updates (the parameters' change in the step) this rank
+    returns, by parameter name. ``record_timeline``: the last step's
+    timeline (chapter 5's spans, the sync's and the optimizer's) and its
+    ``calls.record`` log, on the same clock.
     ``text``: the training bytes (default: the Bible's training split).
     Returns, on each rank: its losses per step (the global mean), recorded
     gradients, coordinates, the TP split of each parameter, the loader's
     state, tokens/s of the whole job (the steps after ``warmup``, between
-    barriers; all steps if there are no more); with
+    barriers; all steps if there are no more), the timeline if asked; with
     ``return_params``, its parameters (``compare.full_params`` puts the
     whole decoder together).
 
@@ -192,29 +203,40 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
     old_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)   # the pipeline lesson's receive buffers take it
     try:
-        make = {"adamw": lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0),
-                "sgd": lambda p: torch.optim.SGD(p, lr=lr)}[optimizer]
-        opt = make(stage.parameters())
+        make = optimizer if callable(optimizer) else {
+            "adamw": lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0),
+            "sgd": lambda p: torch.optim.SGD(p, lr=lr)}[optimizer]
+        opt = make(list(stage.parameters()))
         train_bytes = capdata.split(capdata.corpus())[0] if text is None else text
         loader = capdata.Loader(train_bytes, batch, seq_len, data_seed, layout.dp,
                                 coords.dp, layout.cp, coords.cp)
-        losses, grads, dev = [], {}, identity.device()
+        losses, grads, updates, dev = [], {}, {}, identity.device()
         meta = capckpt.run_meta(cfg, layout, loader.state_dict(), optimizer, dtype)
         first = capckpt.resume(resume, stage, opt, loader, meta, steps)
         if checkpoint_every and not checkpoint_dir:
             raise ValueError("checkpoint_every needs a checkpoint_dir")
-        start = None
+        start, timeline = None, None
         for k in range(first, steps):
             if k == min(first + warmup, steps - 1):    # whole steps after warm-up
                 dist.barrier()
                 start, timed = timing.now(dev), steps - k
             ids, targets = (t.to(dev) for t in loader.next())
-            loss = step(stage, opt, (ids, targets), layout, groups, coords,
-                        micro_batches, sync, dtype)
+            before = {n: p.detach().clone() for n, p in stage.named_parameters()
+                      } if k in record_grads else None
+            record = {} if record_timeline and k == steps - 1 else None
+            with calls.record() if record is not None else _nothing() as log:
+                t0 = timing.now(dev)
+                loss = step(stage, opt, (ids, targets), layout, groups, coords,
+                            micro_batches, sync, dtype, record)
+                if record is not None:
+                    timeline = dict(record, calls=log.calls, start=t0,
+                                    end=timing.now(dev))
             losses.append(loss.item())
             if k in record_grads:
                 grads[k] = {n: p.grad.detach().clone()
                             for n, p in stage.named_parameters()}
+                updates[k] = {n: p.detach() - before[n]
+                              for n, p in stage.named_parameters()}
             if checkpoint_every and (k + 1) % checkpoint_every == 0:
                 capckpt.save(capckpt.path_for(checkpoint_dir, k + 1), stage, opt,
                              dict(meta, step=k + 1, loader=loader.state_dict()))
@@ -225,11 +247,16 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
     finally:
         torch.set_default_dtype(old_dtype)
     params = {n: p.detach().clone() for n, p in stage.named_parameters()}
-    return dict(losses=losses, grads=grads, coords=tuple(coords), layout=tuple(layout),
-                shards=stage.shards(), rank=dist.get_rank(), loader=loader.state_dict(),
-                first_step=first,
+    return dict(losses=losses, grads=grads, updates=updates, coords=tuple(coords),
+                layout=tuple(layout), shards=stage.shards(), rank=dist.get_rank(),
+                loader=loader.state_dict(), first_step=first,
                 tokens_per_s=timed * batch * seq_len / seconds,
-                params=params if return_params else None)
+                params=params if return_params else None, timeline=timeline)
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield None
 
 
 def reference(steps, *, batch=8, seq_len=32, lr=3e-3, seed=0, data_seed=0, model=None,
