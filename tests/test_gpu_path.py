@@ -401,13 +401,18 @@ HOST_CLOCKS = {
     "overlap.median_seconds": "waits for the GPU itself (torch.cuda.synchronize)",
     "sweep._timed": "each call it times waits for its device (sweep's run_once: timing.sync)",
     "doctor.start_and_allreduce": "start-up time, and an all-reduce that waits for the GPU",
+    "capstone.run.Progress.__init__": "the torchrun script's progress line (tokens/s, ETA) "
+                                      "between steps, each of which ends in loss.item(), "
+                                      "a wait for the device",
+    "capstone.run.Progress.__call__": "the same",
+    "capstone.run.worker": "the same, over the whole run, after train's closing barrier",
 }
 
 
 def perf_counter_readers():
     """'module.function' of every direct time.perf_counter() in the measuring modules
     (labsupport and its topics' crossings; the launcher and the benchmarks,
-    bench/ and each topic's bench.py, are not lessons')."""
+    bench/ and each topic's bench.py or <x>_bench.py, are not lessons')."""
     import ast
     found = set()
 
@@ -420,7 +425,7 @@ def perf_counter_readers():
             visit(child, inner)
     for path in sorted((ROOT / "labsupport").rglob("*.py")):
         parts = list(path.relative_to(ROOT / "labsupport").with_suffix("").parts)
-        if parts[0] not in ("launch", "bench") and parts[-1] != "bench":
+        if parts[0] not in ("launch", "bench") and not parts[-1].endswith("bench"):
             visit(ast.parse(path.read_text()), parts)
     return found
 
