@@ -8,6 +8,8 @@ deadline), so a collective gave up after 30 minutes inside a call allowed an hou
 
 Run: .venv/bin/python -m pytest tests/test_launcher_deadlines.py
 """
+import os
+
 import pytest
 
 import labsupport as ls
@@ -172,6 +174,39 @@ def test_a_process_that_sleeps_reads_idle_and_one_that_spins_reads_busy():
         for p in (sleeper, spinner):
             p.kill()
             p.wait()
+
+
+SPIN_AS_GLOO = """
+import ctypes, threading, time
+def spin():
+    ctypes.CDLL(None).prctl(15, b"gloo_tcp_loop")   # PR_SET_NAME: gloo's loop thread
+    while True:
+        pass
+threading.Thread(target=spin, daemon=True).start()
+time.sleep(60)                                      # the rank's own thread waits
+"""
+
+
+def test_gloo_spinning_on_its_socket_is_not_work_but_the_ranks_own_threads_are():
+    """A deadlocked rank whose gloo event loop spins (the peer's unread bytes,
+    level-triggered epoll; measured on assignment 4's deadlock) reads idle."""
+    import subprocess
+    import sys
+    import time
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN_AS_GLOO])
+    try:
+        time.sleep(1.0)
+        first = progress.read([spinner.pid])
+        time.sleep(0.5)
+        second = progress.read([spinner.pid])
+        assert second.cpu[spinner.pid] - first.cpu[spinner.pid] < 0.005
+        assert not progress.read([spinner.pid]).busy
+        names = {open(f"/proc/{spinner.pid}/task/{t}/comm").read().strip()
+                 for t in os.listdir(f"/proc/{spinner.pid}/task")}
+        assert "gloo_tcp_loop" in names           # the thread is there, and spinning
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def burn_then_return(seconds):

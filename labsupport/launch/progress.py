@@ -37,6 +37,19 @@ core, ten times that) since the stall began, plus ``IDLE_CPU`` for the
 granularity of a reading; a computing rank, even sharing its core with
 ninety-nine busy processes, reaches that, and is runnable at nearly every
 reading besides.
+
+gloo's transport threads (``gloo_tcp_loop``, ``TRANSPORT``) are left out of
+both readings: in a deadlock where a peer has sent bytes that no posted
+receive will take (a collective that one side of a group skipped), gloo's
+event loop can spin on them, level-triggered epoll reporting the same
+socket again and again (``gloo/transport/tcp/pair.cc``, ``handleEvents``):
+measured here, 7.6 s of CPU in 90 s on each of the two stuck ranks of
+assignment 4's deadlock while their Python threads slept, which made that
+deadlock look like work until the last-resort ceiling. What a rank computes
+runs on its Python thread, torch's intra-op threads and gloo's collective
+workers (``pt_gloo_runloop``), which are all still read; bytes in flight
+alone, with every one of those asleep, are not progress a graded run makes
+(its tensors are small; a transfer of ``stall`` seconds would not be).
 """
 import os
 import time
@@ -45,6 +58,7 @@ from dataclasses import dataclass
 IDLE_CPU_RATE = 0.01  # CPU s per s a waiting rank may use (it used 0.001 here)
 IDLE_CPU = 0.005      # s of CPU time on top: a reading's granularity (a clock tick)
 POLL = 0.1            # s between two readings
+TRANSPORT = ("gloo_tcp_loop",)  # threads that move bytes, not work (see above)
 
 
 @dataclass(frozen=True)
@@ -74,7 +88,9 @@ def read(pids) -> Reading:
             cpu[pid] = None
             continue
         for tid in tids:
-            seconds, state = _thread(f"{tasks}/{tid}")
+            seconds, state, name = _thread(f"{tasks}/{tid}")
+            if name in TRANSPORT:
+                continue
             total += seconds
             busy = busy or state in ("R", "D")
         cpu[pid] = total
@@ -82,19 +98,21 @@ def read(pids) -> Reading:
 
 
 def _thread(path):
-    """(CPU seconds, state letter) of one thread; (0, '') if it just ended."""
+    """(CPU seconds, state letter, name) of one thread; (0, '', '') if it just
+    ended."""
     try:
         with open(f"{path}/stat") as f:
             stat = f.read()
     except OSError:
-        return 0.0, ""
+        return 0.0, "", ""
+    name = stat[stat.index("(") + 1:stat.rindex(")")]
     fields = stat[stat.rindex(")") + 2:].split()  # after 'pid (comm) '
     state = fields[0]
     try:
         with open(f"{path}/schedstat") as f:
-            return int(f.read().split()[0]) / 1e9, state
+            return int(f.read().split()[0]) / 1e9, state, name
     except (OSError, ValueError, IndexError):  # no schedstat: clock ticks
-        return (int(fields[11]) + int(fields[12])) / _TICKS, state
+        return (int(fields[11]) + int(fields[12])) / _TICKS, state, name
 
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
