@@ -54,6 +54,15 @@ def config(**sizes) -> models.GPTConfig:
     return cfg
 
 
+SIZES = {"vocab_size": 256, "hidden": 32, "heads": 4, "layers": 2}  # train's default
+
+
+def run_config(seq_len, sizes=None) -> models.GPTConfig:
+    """The decoder a training run builds: ``SIZES`` (the tests' small decoder)
+    for sequences of ``seq_len``, with ``sizes`` (train's ``model=``) on top."""
+    return config(**{**SIZES, "seq_len": seq_len, **(sizes or {})})
+
+
 def stage_blocks(layers, pp, stage) -> range:
     """The blocks of pipeline stage ``stage``: contiguous, near-equal runs."""
     if not 1 <= pp <= layers:

@@ -65,7 +65,7 @@ from labsupport import models, timing
 from labsupport.capstone import data as capdata
 from labsupport.capstone import trainer
 from labsupport.capstone.layout import AXES, Layout
-from labsupport.capstone.model import config, stage_blocks, validate
+from labsupport.capstone.model import run_config, stage_blocks, validate
 from labsupport.context_parallel.ring_attention import RingSelfAttention
 from labsupport.launch import identity, session
 
@@ -244,8 +244,7 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
     layout = Layout(*layout)
     if steps < 1:
         raise ValueError(f"train needs steps >= 1, got {steps}")
-    cfg = config(**{"vocab_size": 256, "seq_len": seq_len, "hidden": 32, "heads": 4,
-                    "layers": 2, **(model or {})})
+    cfg = run_config(seq_len, model)
     validate(cfg, layout, seq_len, sequence_parallel)
     if (batch // layout.dp) % micro_batches:
         raise ValueError(f"{batch // layout.dp} sequences per replica do not split "

@@ -38,7 +38,7 @@ from labsupport.pipeline import sim as pipeline_sim
 from labsupport.capstone import checkpoint as capckpt
 from labsupport.capstone import data as capdata
 from labsupport.capstone.layout import Layout, make_groups
-from labsupport.capstone.model import Stage, config, validate
+from labsupport.capstone.model import Stage, run_config, validate
 from labsupport.data_parallel.ddp import bucket_params
 from labsupport.launch import identity
 from labsupport.timeline import Timeline
@@ -169,7 +169,7 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
     Runs on every rank of a world of dp·tp·pp·cp ranks. ``batch``: sequences
     of ``seq_len`` bytes per global batch (the same bytes on every layout);
     ``micro_batches``: the pipeline's m per replica; ``model``: sizes for
-    ``capstone.model.config`` (default: 2 blocks, h = 32, 4 heads).
+    ``capstone.model.run_config`` (default ``model.SIZES``: 2 blocks, h = 32, 4 heads).
     ``optimizer``: "adamw", "sgd" or a callable(params) -> Optimizer (a broken
     one, ``compare.adamw_one_weight_twice``, to see what the parity procedure
     finds). ``sync``: the gradient synchronisation (a broken one, likewise).
@@ -196,8 +196,7 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
     layout = Layout(*layout)
     if steps < 1:
         raise ValueError(f"train needs steps >= 1, got {steps}")
-    cfg = config(**{"vocab_size": 256, "seq_len": seq_len, "hidden": 32, "heads": 4,
-                    "layers": 2, **(model or {})})
+    cfg = run_config(seq_len, model)
     validate(cfg, layout, seq_len, sequence_parallel)
     stage, groups, coords = build(layout, cfg, seed, sequence_parallel, dtype)
     old_dtype = torch.get_default_dtype()
@@ -263,8 +262,7 @@ def reference(steps, *, batch=8, seq_len=32, lr=3e-3, seed=0, data_seed=0, model
               optimizer="adamw", dtype=torch.float32, record_grads=(), text=None):
     """The same training in one process, on ``models.GPT`` itself (no lesson
     code, no communication): the losses and the recorded gradients."""
-    cfg = config(**{"vocab_size": 256, "seq_len": seq_len, "hidden": 32, "heads": 4,
-                    "layers": 2, **(model or {})})
+    cfg = run_config(seq_len, model)
     gpt = models.GPT(cfg, seed=seed).to(dtype)
     make = {"adamw": lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0),
             "sgd": lambda p: torch.optim.SGD(p, lr=lr)}[optimizer]
