@@ -17,11 +17,11 @@ Sampling draws each next byte from the model's softmax with a generator
 seeded once, so the same weights give the same text; the context is the
 last ``seq_len`` bytes (the position embedding knows no more).
 """
-import math
 
 import torch
 
 from labsupport.capstone import data as capdata
+from labsupport.capstone import trainer
 
 
 @torch.no_grad()
@@ -35,7 +35,7 @@ def bits_per_byte(gpt, data, batch, seq_len, count) -> float:
         nats = sum(gpt(ids, targets).item() for ids, targets in batches) / count
     finally:
         gpt.train(was)
-    return nats / math.log(2)
+    return trainer.bits_per_byte(nats)
 
 
 @torch.no_grad()
