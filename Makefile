@@ -14,9 +14,9 @@ PY     := $(VENV)/bin/python
 # --keep-going: list every warning before failing, not just the first.
 JB_FLAGS := -W -n --keep-going
 HTML   := _build/html
-# Two workers: alone, a chapter's execution or a round trip keeps 1.2 to 1.7
-# of 2 cores busy (it waits on process starts and deadlines). A unit of work is a file or one chapter's
-# execution (tests/conftest.py), in the order given there, not by size.
+# Two workers: alone, a chapter's execution or a round trip keeps 1.1 to 1.7
+# of 2 cores busy (it waits on process starts and deadlines). A unit of work is
+# a file or one chapter's execution, slow units first (tests/conftest.py).
 # One worker: make test TEST_WORKERS=
 TEST_WORKERS ?= -n 2 --dist loadscope --no-loadscope-reorder
 
