@@ -18,7 +18,8 @@ NOTEBOOKS = "test_notebooks.py"
 
 
 def unit(nodeid: str) -> str:
-    """The unit of work of a test: its file, or itself for a chapter's execution."""
+    """The unit of work of a test: its file, or itself for a test of test_notebooks.py
+    that takes one chapter (its executions, and two checks of its file that take no time)."""
     path, _, name = nodeid.partition("::")
     if path.endswith("/" + NOTEBOOKS) and "[" in name:
         return nodeid
@@ -41,6 +42,7 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: rank[unit(item.nodeid)])  # stable: a file keeps its order
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: no error under -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadscope":
         return None  # xdist's own
