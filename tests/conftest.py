@@ -28,7 +28,7 @@ def unit(nodeid: str) -> str:
 
 def _rank(item) -> int:
     """0: a chapter's execution; 1: a file with a round trip or other slow tests; 2: the rest."""
-    if item.path.name == NOTEBOOKS and "[" in item.name:
+    if unit(item.nodeid) == item.nodeid:
         return 0
     if item.get_closest_marker("slow"):
         return 1
