@@ -27,8 +27,8 @@ _SUBMODULES = {
     "memory", "collectives", "ring", "data_parallel", "tensor_parallel", "pipeline",
     "context_parallel", "zero", "device_mesh", "expert_parallel", "checkpoints",
     # instruments used by many chapters, and the rest
-    "bench", "calls", "crossings", "diagrams", "doctor", "grading", "models", "overlap",
-    "p2p_log", "plots", "sweep", "timeline", "timing", "traffic", "your_turn"}
+    "bench", "calls", "checking", "crossings", "diagrams", "doctor", "grading", "models",
+    "overlap", "p2p_log", "plots", "sweep", "timeline", "timing", "traffic", "your_turn"}
 
 
 def __getattr__(name):

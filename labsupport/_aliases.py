@@ -1,7 +1,9 @@
-"""Old module paths, kept working for one term after issue 33's move to topic folders.
+"""Old module paths, kept working for one term after the moves of issues 33 and 41.
 
 Assignment notebooks released before the move import ``labsupport.moe``,
-``labsupport.ring_attention`` or ``labsupport.zero_bubble``; a student's copy
+``labsupport.ring_attention`` or ``labsupport.zero_bubble`` (issue 33's topic
+folders), code written against ``labsupport.grading.checks``, ``.diagnosis``,
+``.deadlock`` or ``.held`` (issue 41's ``labsupport/checking/``); a student's copy
 cannot be re-released mid-term. Each old path below is an alias of the module
 that now holds the code (the same module object, so monkeypatching and
 ``isinstance`` agree), installed by ``labsupport/__init__.py``:
@@ -43,6 +45,11 @@ OLD_PATHS = {
     "labsupport.resumable": "labsupport.checkpoints.resumable",
     "labsupport.elastic": "labsupport.checkpoints.elastic",
     "labsupport.strict_p2p": "labsupport.launch.strict_p2p",
+    # issue 41: the checking core left grading/ for a folder of its own, below the chapters
+    "labsupport.grading.checks": "labsupport.checking.collective_checks",
+    "labsupport.grading.diagnosis": "labsupport.checking.diagnosis",
+    "labsupport.grading.deadlock": "labsupport.checking.deadlock",
+    "labsupport.grading.held": "labsupport.checking.held",
 }
 
 

@@ -9,7 +9,7 @@ Why a file: a rank stuck in ``recv`` is stopped by the launcher at its
 deadline, and whatever it held in memory is lost with it. Each call is
 written (unbuffered, appended) before it starts and again when it ends, so
 the kernel can still say which message a stopped rank was waiting for,
-"rank 1 waited for rank 0's chunk 2" (``labsupport.grading.deadlock``). The
+"rank 1 waited for rank 0's chunk 2" (``labsupport.checking.deadlock``). The
 calls are those of ``labsupport.calls``, the one recorder of a rank's calls
 to torch.distributed; this module is its listener that writes them down.
 Under ``LABSUPPORT_P2P=strict`` (``labsupport.launch.strict_p2p``) each operation's
@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from labsupport import calls
 from labsupport.launch import strict_p2p
-from labsupport.calls import COLLECTIVES, P2P  # noqa: F401 (what grading.deadlock names)
+from labsupport.calls import COLLECTIVES, P2P  # noqa: F401 (what checking.deadlock names)
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:

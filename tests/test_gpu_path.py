@@ -112,10 +112,12 @@ def test_the_graders_pin_gloo_whatever_group_the_chapter_runs(monkeypatch):
 
 def groups_the_graders_make():
     """(file:line, backend) of every group a grader asks the launcher for
-    (``group_for``, ``session.start``, ``session.run``) in labsupport/grading."""
+    (``group_for``, ``session.start``, ``session.run``) in labsupport/grading and the
+    checking core it runs on (labsupport/checking)."""
     import ast
     found = []
-    for path in sorted((ROOT / "labsupport" / "grading").glob("*.py")):
+    for path in sorted([*(ROOT / "labsupport" / "grading").glob("*.py"),
+                        *(ROOT / "labsupport" / "checking").glob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
                     node.func.attr == "group_for" or (

@@ -1,7 +1,7 @@
 # Run: PYTHONPATH=$PWD .venv/bin/python -m pytest tests/test_grades_deterministic.py  (~5 s)
 """No grade reads a clock or the allocator where load could change it.
 
-Every grader in labsupport/grading/ (the assignments' checks and the core)
+Every grader in labsupport/grading/, the checking core they run on (labsupport/checking/)
 and every chapter's your-turn checker (labsupport/<topic>/checks.py) is read as code,
 comments and strings left out, for what would make a verdict depend on the
 machine's load: a clock (``time.time``, ``perf_counter``, ``monotonic``,
@@ -13,7 +13,7 @@ the number of times it appears in that file and the reason load cannot
 change a grade through it (book/instructors.md, "Grades independent of
 load", has the same list as a table); a new read, or one more of a listed
 kind, fails the test, and so does an entry that no longer matches (the list
-stays exact). The second half checks ``labsupport.grading.held``, the count
+stays exact). The second half checks ``labsupport.checking.held``, the count
 by reference that replaced the tallies of live storages.
 """
 import io
@@ -24,10 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from labsupport.grading import held
+from labsupport.checking import held
 
 ROOT = Path(__file__).resolve().parents[1]
 GRADERS = ROOT / "labsupport" / "grading"
+CORE = ROOT / "labsupport" / "checking"        # the checking core every grader runs on
 
 READS = {  # name -> the pattern of a read in code (strings and comments removed)
     "wall clock": r"\btime\s*\.\s*(time|time_ns|monotonic|monotonic_ns|perf_counter"
@@ -54,7 +55,7 @@ LOGICAL_A3 = ("timeline.bubble of LOGICAL events: the recorded order played with
 IDEAL_CH5 = ("timeline.bubble of pipeline_sim's ideal events (t_f = 1, t_b = 2 units): the "
              "reader's formula against the module's on computed, not measured, times")
 ALLOWED = {  # (file under labsupport/grading, read) -> (lines in code, why load cannot flip)
-    ("diagnosis.py", "wall clock"): (
+    ("checking/diagnosis.py", "wall clock"): (
         2, "time.time() only in a deadlocked run's message ('rank 0 waited 20 s'): "
            "the verdict, the deadline, was already reached; the seconds are text"),
     ("zero_bubble_pipeline.py", "timeline"): (3, LOGICAL_A3),
@@ -101,11 +102,13 @@ def reads_in(source: str) -> dict:
 
 
 def graders(root=GRADERS):
-    """(name, path) of every grader: grading/*.py by their path under it, and each
-    chapter topic's checks.py as '<topic>/checks.py'."""
+    """(name, path) of every grader: grading/*.py by their path under it, the checking
+    core's as 'checking/<file>', and each chapter topic's checks.py as '<topic>/checks.py'."""
     for path in sorted(root.rglob("*.py")):
         yield str(path.relative_to(root)), path
     if root == GRADERS:
+        for path in sorted(CORE.glob("*.py")):
+            yield f"checking/{path.name}", path
         for path in sorted((root.parent).glob("*/checks.py")):
             yield f"{path.parent.name}/checks.py", path
 
@@ -181,7 +184,7 @@ def test_every_graded_run_is_stopped_by_its_work_not_by_a_flat_wall_clock(monkey
     time; the wall clock only as the last resort (tests/test_launcher_deadlines.py
     tests the launcher's verdicts, tests/test_grades_under_load.py under load)."""
     from labsupport import grading
-    from labsupport.grading import diagnosis
+    from labsupport.checking import diagnosis
     from labsupport.launch import limits, progress
 
     given = []
@@ -200,7 +203,7 @@ def test_every_graded_run_is_stopped_by_its_work_not_by_a_flat_wall_clock(monkey
     assert given[1] == progress.WorkDeadline(stall=t, cpu=3 * t, ceiling=30 * t)
 
 
-# -- the count by reference (labsupport.grading.held) ------------------------------------
+# -- the count by reference (labsupport.checking.held) ------------------------------------
 
 class Student:
     """A stand-in for a student's object: tensors in attributes, containers, closures."""

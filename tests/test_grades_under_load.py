@@ -17,7 +17,7 @@ diagnosis; a right answer made slow (``Slow``: its last rank computes for
 longer than the deadline, in its own CPU time, so a flat deadline of that
 many seconds would have stopped it on any machine) gets every point, with
 the same idle fraction as the reference; and the reference passes within
-the grader's default deadline, ``grading.diagnosis.TIMEOUT``.
+the grader's default deadline, ``checking.diagnosis.TIMEOUT``.
 """
 import json
 import os

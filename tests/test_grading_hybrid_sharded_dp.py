@@ -271,5 +271,5 @@ class TestNbgrader(TimedRoundTrip):
     deadlocked = ("try-hsdp", "test-parameters", "test-own-groups", "test-bytes")
     # The deadlock waits for its deadlines beside the others (autograde's `beside`):
     # its memory check counts what the HSDP object holds by reference
-    # (grading.held), not the allocator; no check reads a clock.
+    # (checking.held), not the allocator; no check reads a clock.
     beside = ("deadlock",)

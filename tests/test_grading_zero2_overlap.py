@@ -159,5 +159,5 @@ class TestNbgrader(RoundTrip):
     timeout = 500
     # The deadlock waits for its deadlines beside the others (autograde's `beside`):
     # its memory check counts what the student's code holds by
-    # reference (grading.held), not the allocator; no check reads a clock.
+    # reference (checking.held), not the allocator; no check reads a clock.
     beside = ("deadlock",)

@@ -4,12 +4,14 @@
 Layers, lowest first (labsupport/README.md draws them):
   base         launch/, _patch, _aliases, plots: running ranks, and the book's renderer
   instruments  flat modules used by many chapters (calls, timeline, traffic, overlap,
-               models, ...) and the grading core (checks, diagnosis, deadlock)
+               models, ...) and the checking core (checking/: collective_checks,
+               diagnosis, deadlock, held)
   topics       one folder per chapter, in the book's order: a topic imports only
                itself, the layers below and earlier chapters' topics
   top          the assignment graders, the benchmarks' CLI, the package's __init__
 The imports are read from the source (every ``import`` statement, those inside
-functions too), so a lazy import cannot hide a cycle.
+functions too), so a lazy import cannot hide a cycle. No exception is listed:
+0 imports run upward and 0 folders import each other in a loop.
 """
 import ast
 import pathlib
@@ -22,8 +24,7 @@ TOPICS = ["memory", "collectives", "ring", "data_parallel", "tensor_parallel", "
           "context_parallel", "zero", "device_mesh", "expert_parallel", "checkpoints",
           "capstone"]
 BASE = {"launch", "_patch", "_aliases", "plots"}
-GRADING_CORE = {"labsupport.grading", "labsupport.grading.checks",
-                "labsupport.grading.diagnosis", "labsupport.grading.deadlock"}
+INSTRUMENT_FOLDERS = {"checking"}       # folders among the flat instruments
 
 
 def module_name(path):
@@ -55,7 +56,7 @@ def layer(name):
         return 0, "base"
     if head in TOPICS:
         return 2 + TOPICS.index(head), f"topic {head} (chapter {TOPICS.index(head)})"
-    if name in GRADING_CORE or len(parts) == 2 and head != "__main__":
+    if head in INSTRUMENT_FOLDERS or len(parts) == 2 and head != "__main__":
         return 1, "instruments"
     return 99, "top"
 
@@ -108,6 +109,28 @@ def test_there_is_no_import_cycle():
     assert find_cycle(edges) is None, " -> ".join(find_cycle(edges))
 
 
+def folder_of(name):
+    """The room a module stands in: its folder under labsupport/, or the flat module itself."""
+    return ".".join(name.split(".")[:2])
+
+
+def folder_graph(modules_graph):
+    """Folder -> the folders its modules import (a folder's imports of itself left out)."""
+    edges = {}
+    for m, targets in modules_graph.items():
+        edges.setdefault(folder_of(m), set()).update(
+            folder_of(x) for x in targets if folder_of(x) != folder_of(m))
+    return edges
+
+
+def test_no_two_folders_import_each_other():
+    """A loop of folders (pipeline/ -> grading/ -> pipeline/) puts one chapter on both
+    sides of another, even when no two modules import each other."""
+    edges = folder_graph(graph())
+    edges.pop("labsupport", None)          # the package's face imports every folder
+    assert find_cycle(edges) is None, " -> ".join(find_cycle(edges))
+
+
 def test_the_checks_find_what_they_look_for():
     """The walker, the layer rule and the cycle finder on made-up input (they can fail)."""
     mods = {"labsupport.models", "labsupport.ring.ring", "labsupport.zero.zero",
@@ -117,6 +140,12 @@ def test_the_checks_find_what_they_look_for():
     assert layer("labsupport.models")[0] < layer("labsupport.ring.ring")[0] \
         < layer("labsupport.zero.zero")[0] < layer("labsupport.grading.zero2_overlap")[0]
     assert layer("labsupport.launch.strict_p2p")[0] == 0
+    assert layer("labsupport.checking.diagnosis")[0] < layer("labsupport.collectives.checks")[0]
+    assert folder_graph({"labsupport.pipeline.checks": {"labsupport.grading.diagnosis"},
+                         "labsupport.grading.zb": {"labsupport.pipeline.sim"},
+                         "labsupport.grading": {"labsupport.grading.zb"}}) == {
+        "labsupport.pipeline": {"labsupport.grading"},
+        "labsupport.grading": {"labsupport.pipeline"}}
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
@@ -136,7 +165,8 @@ def test_each_chapter_topic_is_one_folder_with_its_kinds_of_file():
 
 @pytest.mark.parametrize("old", ["labsupport.moe", "labsupport.ring_attention",
                                  "labsupport.zero_bubble", "labsupport.sharded_checkpoint",
-                                 "labsupport.tp_gpt"])
+                                 "labsupport.tp_gpt", "labsupport.grading.checks",
+                                 "labsupport.grading.diagnosis", "labsupport.grading.held"])
 def test_released_assignments_old_paths_still_import_for_one_term(old):
     import importlib
 
@@ -164,8 +194,15 @@ def test_old_attribute_and_from_imports_of_the_released_notebooks_work():
              "from labsupport.ring_attention import block_attention, lse_merge\n"
              "from labsupport.ring import ring_allreduce\n"
              "import labsupport as ls\n"
-             "planner = ls.planner\n", namespace)
+             "planner = ls.planner\n"
+             "from labsupport.grading import checks, held\n"
+             "from labsupport.grading.diagnosis import TIMEOUT, name_of\n"
+             "timeout, run = ls.grading.TIMEOUT, ls.grading.run\n", namespace)
     assert namespace["moe"].__name__ == "labsupport.expert_parallel.moe"
     assert namespace["zero_bubble"].__name__ == "labsupport.pipeline.zero_bubble"
     assert namespace["lse_merge"].__module__ == "labsupport.context_parallel.ring_attention"
     assert namespace["planner"].__name__ == "labsupport.device_mesh.planner"
+    assert namespace["checks"].__name__ == "labsupport.checking.collective_checks"
+    assert namespace["held"].__name__ == "labsupport.checking.held"
+    assert namespace["TIMEOUT"] == namespace["timeout"]
+    assert namespace["run"] is namespace["checks"].run

@@ -6,18 +6,18 @@
     ls.your_turn.check(lambda: checks.all_reduce_p2p(all_reduce_p2p), "all_reduce_p2p", "...")
 
 Both run the reader's function on the ranks through the graders' core
-(``grading.checks``: a deadline, a deadlock explained rank by rank, the
+(``checking.collective_checks``: a deadline, a deadlock explained rank by rank, the
 collectives and point-to-point payload each rank used) and raise
 AssertionError with a message that names what is wrong: which collectives
 were called, which rank holds what, how many bytes each rank sent. An
-untouched stub comes back as ``NotWritten`` (``grading.diagnosis``), which
+untouched stub comes back as ``NotWritten`` (``checking.diagnosis``), which
 ``ls.your_turn.check`` reports as "not written yet".
 """
 import torch
 import torch.distributed as dist
 
-from labsupport.grading import checks as grading
-from labsupport.grading.diagnosis import name_of as _name
+from labsupport.checking import collective_checks
+from labsupport.checking.diagnosis import name_of as _name
 
 ALL_GATHERS = ("all_gather_single", "all_gather_into_tensor", "all_gather")
 
@@ -28,7 +28,7 @@ def broadcast_from_halves(fn, world_sizes=(2, 4), numel: int = 12):
     """``fn(t)`` returns rank 0's ``t`` on every rank, from one dist.scatter and one
     all-gather: what each rank called, then what each rank got."""
     for world_size in world_sizes:
-        ranks = grading.run(_broadcast_on_rank, fn, numel, world_size=world_size)
+        ranks = collective_checks.run(_broadcast_on_rank, fn, numel, world_size=world_size)
         _assert_scatter_then_all_gather(_name(fn), ranks)
         for rank, r in enumerate(ranks):
             got, want = r["value"]["got"], r["value"]["want"]
@@ -70,9 +70,9 @@ def _assert_scatter_then_all_gather(name, ranks):
 def all_reduce_p2p(fn, world_sizes=(2, 4), bytes_world_size: int = 4, numel: int = 1200):
     """``fn(tensor)`` in place is an all-reduce from point-to-point messages only (the
     graders' checks of the results), sending 2(N-1)/N·S bytes per rank."""
-    grading.check_allreduce(fn, world_sizes=tuple(world_sizes))
-    ranks = grading.run(_ones_through, fn, numel, world_size=bytes_world_size)
-    grading.assert_rules(ranks, _name(fn))
+    collective_checks.check_allreduce(fn, world_sizes=tuple(world_sizes))
+    ranks = collective_checks.run(_ones_through, fn, numel, world_size=bytes_world_size)
+    collective_checks.assert_rules(ranks, _name(fn))
     n = bytes_world_size
     want = 2 * (n - 1) * numel * 4 // n
     sent = [r["sent"] for r in ranks]

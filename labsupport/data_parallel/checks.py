@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 
 from labsupport import your_turn
-from labsupport.grading import checks as grading
-from labsupport.grading.diagnosis import name_of
+from labsupport.checking import collective_checks
+from labsupport.checking.diagnosis import name_of
 
-_STUB = "is not written yet"          # how grading.run reports a NotWritten rank
+_STUB = "is not written yet"          # how collective_checks.run reports a NotWritten rank
 
 
 
@@ -44,7 +44,7 @@ def _broadcast_on_rank(fn):
 def broadcast(fn, world_size: int = 2):
     """``fn(module)`` copies rank 0's parameters (frozen, tied) and buffers to every rank."""
     try:
-        got = grading.run(_broadcast_on_rank, fn, world_size=world_size)
+        got = collective_checks.run(_broadcast_on_rank, fn, world_size=world_size)
     except AssertionError as failure:
         if _STUB in str(failure):
             raise your_turn.NotWritten(name_of(fn)) from None

@@ -45,7 +45,7 @@ from labsupport.capstone import compare, trainer
 from labsupport.capstone import data as capdata
 from labsupport.capstone.layout import Layout, make_groups
 from labsupport.capstone.model import Stage, validate
-from labsupport.grading.diagnosis import TIMEOUT, log_path, name_of, run_on_ranks
+from labsupport.checking.diagnosis import TIMEOUT, log_path, name_of, run_on_ranks
 from labsupport.launch import identity
 
 VISIBLE = {"two_stages": ((2, 1, 2, 1),), "one_stage": ((2, 2, 1, 1),),

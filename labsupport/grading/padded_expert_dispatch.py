@@ -26,8 +26,9 @@ import torch.distributed as dist
 
 from labsupport import models, traffic
 from labsupport.expert_parallel import moe
-from labsupport.grading import checks as grading
-from labsupport.grading.checks import WORLD_SIZES  # (2, 4): one home
+from labsupport.checking import collective_checks
+from labsupport.checking.diagnosis import name_of
+from labsupport.checking.collective_checks import WORLD_SIZES  # (2, 4): one home
 
 H, FFN, E = 8, 16, 8            # hidden, expert width, experts
 TOKENS = 12                     # per rank, correctness checks
@@ -84,9 +85,9 @@ def _runs(fn, world_sizes, num_tokens, hidden, top_k, factor, skew, backward, ti
     if not callable(fn):
         raise TypeError(f"pass your function, e.g. check_forward(padded_moe); got {fn!r}")
     trial = functools.partial(_trial, fn)
-    trial.__name__ = grading.name_of(fn)             # what a failure report names
+    trial.__name__ = name_of(fn)             # what a failure report names
     for n in world_sizes:
-        calls = grading.run(trial, num_tokens, hidden, top_k, factor, skew, backward,
+        calls = collective_checks.run(trial, num_tokens, hidden, top_k, factor, skew, backward,
                             world_size=n, timeout=timeout)
         yield n, [c["value"] for c in calls]
 
@@ -105,7 +106,7 @@ def check_drops(fn, world_sizes=WORLD_SIZES, *, timeout=None):
 
 
 def _check_outputs(fn, world_sizes, top_k, factor, skew, timeout):
-    name = grading.name_of(fn)
+    name = name_of(fn)
     for n, ranks in _runs(fn, world_sizes, TOKENS, H, top_k, factor, skew, False, timeout):
         want = expected(TOKENS, H, top_k, factor, n, skew)
         for rank, r in enumerate(ranks):
@@ -160,7 +161,7 @@ def check_backward(fn, world_sizes=WORLD_SIZES, *, timeout=None):
 
 
 def _check_grads(fn, world_sizes, factor, skew, timeout):
-    name = grading.name_of(fn)
+    name = name_of(fn)
     for n, ranks in _runs(fn, world_sizes, TOKENS, H, 2, factor, skew, True, timeout):
         want = expected(TOKENS, H, 2, factor, n, skew)
         per = E // n
@@ -221,7 +222,7 @@ def _assert_grad(where, what, got, want, chosen, keep):
 def check_padded_traffic(fn, world_sizes=(2,), *, timeout=None):
     """Forward + backward send 4 all-to-alls of (N-1)/N x E x capacity rows per rank,
     with a skewed router at c_f = 1. Bytes only: the other checks judge the results."""
-    name = grading.name_of(fn)
+    name = name_of(fn)
     tokens, hidden = TRAFFIC["tokens"], TRAFFIC["hidden"]
     for n, ranks in _runs(fn, world_sizes, tokens, hidden, 2, 1.0, 3.0, True, timeout):
         cap = moe.capacity(tokens, 2, E, 1.0)

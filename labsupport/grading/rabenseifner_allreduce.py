@@ -29,9 +29,9 @@ import torch.distributed as dist
 
 from labsupport.calls import record as record_calls
 from labsupport.launch.session import current
-from labsupport.grading import checks as grading
-from labsupport.grading.diagnosis import name_of
-from labsupport.grading.checks import WORLD_SIZES  # (2, 4): one home
+from labsupport.checking import collective_checks
+from labsupport.checking.diagnosis import name_of
+from labsupport.checking.collective_checks import WORLD_SIZES  # (2, 4): one home
 
 SIZES = (8, 10, 13)  # 10 and 13 are not divisible by 4
 PHASES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}  # log2(N) rounds each
@@ -85,11 +85,11 @@ def _validate(kind, world_sizes):
 
 
 def _run(fn, kind, size, world_size, timeout) -> list[dict]:
-    """grading.run of fn on one case; rules checked; the cluster restarted after a failure."""
+    """collective_checks.run of fn on one case; rules checked; the cluster restarted after a failure."""
     name = name_of(fn)
     try:
-        calls = grading.run(_Traced(fn, kind, size), world_size=world_size, timeout=timeout)
-        grading.assert_rules(calls, name)
+        calls = collective_checks.run(_Traced(fn, kind, size), world_size=world_size, timeout=timeout)
+        collective_checks.assert_rules(calls, name)
         return calls
     except AssertionError:
         if current() is not None:
@@ -157,7 +157,7 @@ def _traffic_problem(fn, kind, n, size, sent) -> str | None:
 # -- on each rank ----------------------------------------------------------------------
 
 class _Traced:
-    """What grading.run runs on a rank: fn on this rank's case, its p2p calls logged."""
+    """What collective_checks.run runs on a rank: fn on this rank's case, its p2p calls logged."""
 
     def __init__(self, fn, kind, size):
         self.fn, self.kind, self.size = fn, kind, size
@@ -171,6 +171,6 @@ class _Traced:
             own = tensor.tensor_split(world_size)[rank].clone()
             tensor.fill_(float("nan"))
             tensor.tensor_split(world_size)[rank].copy_(own)
-        with record_calls() as log:  # inside grading.run's own record: blocks nest
+        with record_calls() as log:  # inside collective_checks.run's own record: blocks nest
             self.fn(tensor)
         return [(c["op"], c["peer"]) for c in log.calls if c["kind"] == "p2p"]

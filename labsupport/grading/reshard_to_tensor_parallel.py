@@ -30,7 +30,7 @@ import torch
 
 from labsupport.checkpoints import resumable
 from labsupport.checkpoints import sharded_checkpoint as sc
-from labsupport.grading import checks as grading
+from labsupport.checking import collective_checks
 from labsupport.launch import session
 
 TP = 4                                    # the tensor-parallel ranks that load
@@ -86,7 +86,7 @@ def checkpoints() -> dict:
         atexit.register(shutil.rmtree, root, True)
         for n in SAVED_BY:
             path = os.path.join(root, f"saved-by-{n}")
-            # gloo even on GPUs, as every grader's group (grading.diagnosis.run)
+            # gloo even on GPUs, as every grader's group (checking.diagnosis.run)
             session.group_for(n, backend="gloo").run(
                 resumable.train, RECIPE, path, 2, 2, resumable.training_state,
                 resumable.restore_training_state)
@@ -121,7 +121,7 @@ def _runs(fn, timeout):
         raise TypeError(f"pass your function, e.g. check_column(load_tp_shard); got {fn!r}")
     for n, directory in checkpoints().items():
         try:
-            calls = grading.run(load_on_tp_ranks, fn, Reader(directory), world_size=TP,
+            calls = collective_checks.run(load_on_tp_ranks, fn, Reader(directory), world_size=TP,
                                 timeout=timeout)
         except AssertionError:
             session.current().restart()      # nothing left in flight for the next check

@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from labsupport import traffic
-from labsupport.grading import checks as grading
-from labsupport.grading.checks import WORLD_SIZES  # (2, 4): one home
+from labsupport.checking import collective_checks
+from labsupport.checking.collective_checks import WORLD_SIZES  # (2, 4): one home
 
 TOKENS, V_LOCAL = 32, 512          # n tokens; vocabulary entries per rank
 
@@ -51,7 +51,7 @@ def _runs(cls, world_sizes, scale, grad_scale, timeout):
     if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
         raise TypeError(f"pass the class (a torch.autograd.Function subclass), got {cls!r}")
     for t in world_sizes:
-        calls = grading.run(_trial, cls, TOKENS, V_LOCAL, scale, 1000 + t, grad_scale,
+        calls = collective_checks.run(_trial, cls, TOKENS, V_LOCAL, scale, 1000 + t, grad_scale,
                             world_size=t, timeout=timeout)
         yield t, [c["value"] for c in calls]
 

@@ -17,7 +17,7 @@ the student's code holds BY REFERENCE (``GradientRefs``), counted at fixed
 points of the step (before and after the student's hook for each gradient,
 and once ``finish()`` returned): the distinct storages reachable from the
 student's object, its hooks and every parameter's ``.grad``
-(``labsupport.grading.held``), plus the tensors of its asynchronous
+(``labsupport.checking.held``), plus the tensors of its asynchronous
 collectives not yet waited for, less those reachable just before backward
 (parameters, buffers, optimizer state). Python's references change only as
 the rank's own code runs, so the count is the same on an idle machine and a
@@ -35,8 +35,8 @@ import torch.distributed as dist
 
 from labsupport import _patch, calls, models
 from labsupport.memory import tally as memory
-from labsupport.grading import checks as grading
-from labsupport.grading import held
+from labsupport.checking import collective_checks
+from labsupport.checking import held
 
 CFG = models.GPTConfig(vocab_size=37, seq_len=8, hidden=15, heads=3, layers=2)  # Ψ odd
 STEPS, BATCH = 3, 8
@@ -230,7 +230,7 @@ def _after_finish(zero, params) -> dict:
 
 
 def _runs(cls, world_sizes, bucket_numel, timeout):
-    return {n: [c["value"] for c in grading.run(_train, cls, bucket_numel, STEPS,
+    return {n: [c["value"] for c in collective_checks.run(_train, cls, bucket_numel, STEPS,
                                                 world_size=n, timeout=timeout)]
             for n in world_sizes}
 

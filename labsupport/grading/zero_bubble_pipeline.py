@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 
 from labsupport.launch.session import current
-from labsupport.grading import checks as grading
+from labsupport.checking import collective_checks
 from labsupport import models, timeline
 from labsupport.pipeline import pipeline
 from labsupport.pipeline import sim as pipeline_sim
 from labsupport.pipeline import zero_bubble as zb
-from labsupport.grading.diagnosis import name_of
+from labsupport.checking.diagnosis import name_of
 
 CASES = ((2, 4), (4, 8))  # (p, m) of the checks
 SHARE = 0.5  # of ZB-H1's saving over 1F1B that the recorded order must show
@@ -236,7 +236,7 @@ def logical_events(ops, waits, *, name="the schedule", m=None) -> list[dict]:
 
 def _run(name, schedule, fns, p, m, timeout) -> list[dict]:
     try:
-        calls = grading.run(zb.Step(name, schedule, fns, m), world_size=p,
+        calls = collective_checks.run(zb.Step(name, schedule, fns, m), world_size=p,
                             timeout=timeout)
         return [c["value"] for c in calls]
     except AssertionError as failure:

@@ -24,9 +24,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from labsupport.context_parallel import ring_attention
-from labsupport.grading import checks as grading
-from labsupport.grading.diagnosis import name_of
-from labsupport.grading.checks import WORLD_SIZES  # (2, 4): one home
+from labsupport.checking import collective_checks
+from labsupport.checking.diagnosis import name_of
+from labsupport.checking.collective_checks import WORLD_SIZES  # (2, 4): one home
 
 LENGTHS = (8, 16, 24)  # multiples of 2N for N = 2 and 4
 B, A, D = 1, 2, 4
@@ -137,9 +137,9 @@ def _run(positions, attention, seq_len, n, timeout):
     check_positions(positions, (n,), (seq_len,))
     trial = functools.partial(_trial)
     trial.__name__ = name_of(attention)  # what the messages call it
-    calls = grading.run(trial, positions, attention, seq_len, world_size=n,
+    calls = collective_checks.run(trial, positions, attention, seq_len, world_size=n,
                         timeout=timeout)
-    grading.assert_rules(calls, name_of(attention))
+    collective_checks.assert_rules(calls, name_of(attention))
     return calls
 
 

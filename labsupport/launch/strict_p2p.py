@@ -34,7 +34,7 @@ process group (NCCL's stream), run by a helper thread in issue order:
 
 So a pattern that can hang on NCCL hangs here too, on a CPU, and
 ``labsupport.p2p_log`` records what each operation was queued behind
-(``grading.deadlock`` explains it). ``install`` is called by every rank at
+(``checking.deadlock`` explains it). ``install`` is called by every rank at
 start (``launch.rank_main``, ``launch.torchrun``) and does nothing unless
 the environment asks for strict mode.
 """

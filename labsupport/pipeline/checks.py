@@ -16,7 +16,7 @@ than it could. Until the function is written, a check says so without
 failing.
 """
 from labsupport import your_turn
-from labsupport.grading.diagnosis import name_of
+from labsupport.checking.diagnosis import name_of
 
 
 

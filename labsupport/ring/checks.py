@@ -6,12 +6,12 @@ broadcast pipelined down a chain of ranks.
     ls.your_turn.check(lambda: checks.chain_broadcast(fn), "fn", "...")
 
 Each runs the reader's function on 2 and 4 ranks through the graders' core
-(``grading.checks``: a deadline, a deadlock explained rank by rank, no
+(``checking.collective_checks``: a deadline, a deadlock explained rank by rank, no
 library collective, every request waited for) and then reads the
 point-to-point calls each rank made (``labsupport.calls``): to which rank,
 how many bytes, in which batch, in what order. The message names the first
 thing that differs from the algorithm the chapter asks for. An untouched
-stub comes back as ``NotWritten`` (``grading.diagnosis``), which
+stub comes back as ``NotWritten`` (``checking.diagnosis``), which
 ``ls.your_turn.check`` reports as "not written yet".
 """
 import math
@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 from labsupport import calls
-from labsupport.grading import checks as grading
-from labsupport.grading.diagnosis import name_of as _name
-from labsupport.grading.checks import WORLD_SIZES  # (2, 4): one home
+from labsupport.checking import collective_checks
+from labsupport.checking.diagnosis import name_of as _name
+from labsupport.checking.collective_checks import WORLD_SIZES  # (2, 4): one home
 
 LOOKAHEAD = 4  # receives a chain rank may post before it passes the first segment on
 
@@ -43,8 +43,8 @@ def _messages(log) -> list[tuple]:
 
 def _run(fn, on_rank, *args, world_size):
     """``on_rank(fn, *args)`` on every rank through the graders' core, rules checked."""
-    ranks = grading.run(on_rank, fn, *args, world_size=world_size)
-    grading.assert_rules(ranks, _name(fn))
+    ranks = collective_checks.run(on_rank, fn, *args, world_size=world_size)
+    collective_checks.assert_rules(ranks, _name(fn))
     return [r["value"] for r in ranks]
 
 
@@ -53,7 +53,7 @@ def _run(fn, on_rank, *args, world_size):
 def bidirectional_reduce_scatter(fn, world_sizes=WORLD_SIZES, numel: int = 1200):
     """``fn(tensor)``: chunk r summed on rank r (the graders' check), the first half of
     each chunk going right and the second left, one batch of four per step."""
-    grading.check_reduce_scatter(fn, world_sizes=tuple(world_sizes))
+    collective_checks.check_reduce_scatter(fn, world_sizes=tuple(world_sizes))
     for n in world_sizes:
         messages = _run(fn, _recorded, numel, world_size=n)
         for rank, mine in enumerate(messages):

@@ -24,7 +24,7 @@ through ``labsupport.grading.run`` (a deadlock ends at the deadline,
 explained), after the ranks have compared the groups they ask ``new_group``
 for (``placement.plan``), with the calls recorded by ``labsupport.calls`` and
 the memory by what the student's code still reaches by reference after the steps
-(``labsupport.grading.held``: the same count on an idle machine and a loaded
+(``labsupport.checking.held``: the same count on an idle machine and a loaded
 one, whenever gloo's worker thread lets go of a finished work's buffers).
 """
 import torch
@@ -34,8 +34,8 @@ from torch import nn
 
 from labsupport import calls, models
 from labsupport.memory import tally as memory
-from labsupport.grading import checks as grading
-from labsupport.grading import held
+from labsupport.checking import collective_checks
+from labsupport.checking import held
 from labsupport.grading.hybrid_sharded_dp import placement
 from labsupport.grading.hybrid_sharded_dp.placement import (  # noqa: F401 - the notebook's
     EDGE_PLACEMENTS, PLACEMENTS, crossing, describe, expected_groups, order_problem, shape)
@@ -138,7 +138,7 @@ def _ranks(group) -> tuple:
 
 def _run(make_groups, cls, node_of, timeout) -> list[dict]:
     try:
-        out = grading.run(hsdp_training, make_groups, cls, node_of,
+        out = collective_checks.run(hsdp_training, make_groups, cls, node_of,
                           world_size=len(node_of), timeout=timeout)
     except AssertionError as failure:
         session.current().restart()  # half-made groups must not reach the next check

@@ -17,7 +17,7 @@ right answer on a loaded class hub is graded, and a deadlock still ends
 ``timeout`` seconds after its ranks stopped. An exception becomes an
 AssertionError with the student's frames only; a deadlock, which message
 each stuck rank waited for (recorded by ``labsupport.p2p_log``, explained by
-``grading.deadlock``).
+``checking.deadlock``).
 A chapter's untouched your-turn stub, ``raise ls.NotWritten(...)`` on every
 failing rank, comes back as that NotWritten, so that ``your_turn.check``
 says "not written yet" instead of failing.
@@ -29,7 +29,7 @@ import tempfile
 import time
 
 from labsupport import p2p_log
-from labsupport.grading.deadlock import explain as explain_deadlock
+from labsupport.checking.deadlock import explain as explain_deadlock
 from labsupport.launch import limits, session
 from labsupport.launch.errors import RankError, RankTimeout
 from labsupport.your_turn import NotWritten

@@ -8,11 +8,11 @@
 
 Each check runs the function on every rank through the launcher, with a
 deadline (``timeout``, default ``TIMEOUT``: $LABSUPPORT_GRADING_TIMEOUT or 20 s,
-sized from the work: ``grading.diagnosis``), and raises AssertionError with a
+sized from the work: ``checking.diagnosis``), and raises AssertionError with a
 message a student can act on: a wrong chunk, a collective used where the
 ring must be written by hand, a request never waited for, too many bytes
 sent, or, for a deadlock, which message each stuck rank waited for
-(``grading.diagnosis`` and ``grading.deadlock``).
+(``checking.diagnosis`` and ``checking.deadlock``).
 A deadlock therefore fails its nbgrader test cell once its ranks have waited
 the deadline and never hangs ``nbgrader autograde``; a slow answer is not
 stopped for being slow.
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from labsupport import p2p_log, traffic
-from labsupport.grading.diagnosis import log_path, name_of, run_on_ranks
+from labsupport.checking.diagnosis import log_path, name_of, run_on_ranks
 from labsupport.launch import session
 from labsupport.launch.limits import check_timeout
 
