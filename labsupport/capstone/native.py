@@ -61,11 +61,10 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel,
                                                parallelize_module)
 
-from labsupport import models, timing
-from labsupport.capstone import data as capdata
+from labsupport import models
 from labsupport.capstone import trainer
 from labsupport.capstone.layout import AXES, Layout
-from labsupport.capstone.model import run_config, stage_blocks, validate
+from labsupport.capstone.model import stage_blocks, validate
 from labsupport.context_parallel.ring_attention import RingSelfAttention
 from labsupport.launch import identity, session
 
@@ -228,11 +227,10 @@ def step(schedule, stage, opt, batch, layout, meshes, dtype=torch.float32,
     return loss
 
 
-def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=0,
-          data_seed=0, model=None, sequence_parallel=True, dtype=torch.float32,
-          record_grads=(), warmup=1):
+def train(layout, steps, config=None, *, record_grads=(), warmup=1, **fields):
     """Train the seeded decoder for ``steps`` steps on ``layout`` = (dp, tp, pp, cp)
-    with PyTorch's pieces; arguments as ``trainer.train``'s.
+    with PyTorch's pieces; ``config`` and ``fields`` as ``trainer.train``'s (its
+    ``TrainConfig``), the loop its ``run_steps``.
 
     Returns, on each rank: its losses per step (the global mean), tokens/s of
     the whole job (the steps after ``warmup``, between barriers, timed as
@@ -241,42 +239,35 @@ def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=
     each), so that ``compare.parity`` reads the result as ``trainer.train``'s,
     and ``parts``, what the stage is made of.
     """
-    layout = Layout(*layout)
+    cfg, layout = trainer.TrainConfig.of(config, **fields), Layout(*layout)
     if steps < 1:
         raise ValueError(f"train needs steps >= 1, got {steps}")
-    cfg = run_config(seq_len, model)
-    validate(cfg, layout, seq_len, sequence_parallel)
-    if (batch // layout.dp) % micro_batches:
-        raise ValueError(f"{batch // layout.dp} sequences per replica do not split "
-                         f"into m={micro_batches} micro-batches")
-    stage, meshes, coords = build(layout, cfg, seed, sequence_parallel, dtype)
+    gpt_cfg = cfg.gpt_config()
+    validate(gpt_cfg, layout, cfg.seq_len, cfg.sequence_parallel)
+    if (cfg.batch // layout.dp) % cfg.micro_batches:
+        raise ValueError(f"{cfg.batch // layout.dp} sequences per replica do not split "
+                         f"into m={cfg.micro_batches} micro-batches")
+    stage, meshes, coords = build(layout, gpt_cfg, cfg.seed, cfg.sequence_parallel, cfg.dtype)
     dev = identity.device()
     pipe = PipelineStage(stage, coords.pp, layout.pp, dev,
                          group=meshes["mesh"].get_group("pp"))
-    schedule = Schedule1F1B(pipe, micro_batches, loss_fn=_loss)
-    opt = torch.optim.AdamW(stage.parameters(), lr=lr, weight_decay=0.0)
-    loader = capdata.Loader(capdata.split(capdata.corpus())[0], batch, seq_len,
-                            data_seed, layout.dp, coords.dp, layout.cp, coords.cp)
-    losses, grads, start = [], {}, None
+    schedule = Schedule1F1B(pipe, cfg.micro_batches, loss_fn=_loss)
+    opt = cfg.make_optimizer(list(stage.parameters()))
+    grads = {}
+
+    def one_step(k, ids, targets):
+        # whole gradients are gathered (collectives) inside the step, before the optimizer
+        record = grads.setdefault(k, {}) if k in record_grads else None
+        return step(schedule, stage, opt, (ids, targets), layout, meshes, cfg.dtype, record)
+
     with warnings.catch_warnings():
         # The last stage's logits are DTensor.to_local()'s view; FSDP2 warns
         # that an in-place op on it would skip its hook. The schedule's loss
         # reads it out of place.
         warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view")
-        for k in range(steps):
-            if k == min(warmup, steps - 1):    # time whole steps after warm-up
-                dist.barrier()
-                start, timed = timing.now(dev), steps - k
-            ids, targets = (t.to(dev) for t in loader.next())
-            record = {} if k in record_grads else None
-            loss = step(schedule, stage, opt, (ids, targets), layout, meshes, dtype,
-                        record)
-            if record is not None:
-                grads[k] = record
-            losses.append(loss.item())
-    dist.barrier()
-    seconds = timing.now(dev) - start
-    return dict(losses=losses, tokens_per_s=timed * batch * seq_len / seconds,
+        out = trainer.run_steps(one_step, cfg.loader(layout, coords), steps, warmup=warmup,
+                                device=dev, tokens_per_step=cfg.batch * cfg.seq_len)
+    return dict(losses=out["losses"], tokens_per_s=out["tokens_per_s"],
                 layout=tuple(layout), rank=dist.get_rank(), coords=tuple(coords),
                 grads=grads, shards={n: None for n, _ in stage.named_parameters()},
                 parts=parts(stage, schedule))

@@ -108,9 +108,14 @@ def problems(args, world_size) -> list:
 
 
 def model_config(args):
-    from labsupport.capstone.model import config
-    return config(vocab_size=256, seq_len=args.seq_len, hidden=args.hidden,
-                  heads=args.heads, layers=args.layers)
+    """The decoder of the command line, through the one home of its sizes."""
+    from labsupport.capstone.model import run_config
+    return run_config(args.seq_len, model_sizes(args))
+
+
+def model_sizes(args) -> dict:
+    """``--hidden``, ``--layers``, ``--heads``: ``model.run_config``'s sizes (and train's)."""
+    return dict(hidden=args.hidden, layers=args.layers, heads=args.heads)
 
 
 def run_meta(args, layout, cfg):
@@ -245,7 +250,7 @@ def worker(args, argv, resume):
         (args.dp, args.tp, args.pp, args.cp), args.steps, batch=args.batch,
         seq_len=args.seq_len, micro_batches=args.micro_batches, lr=args.lr,
         seed=args.seed, data_seed=args.data_seed,
-        model=dict(hidden=args.hidden, layers=args.layers, heads=args.heads),
+        model=model_sizes(args),
         checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
         resume=resume, on_step=progress, warmup=1)
     if progress is not None:

@@ -3,6 +3,13 @@
     from labsupport.capstone.trainer import train
     out = ls.run(train, (2, 2, 2, 1), steps=5, world_size=8)   # layout (dp, tp, pp, cp)
     out[0]["losses"]          # the global batch's mean loss at each step, on every rank
+    cfg = TrainConfig(batch=12, lr=1e-2)                       # model, data, optimizer
+    out = ls.run(train, (2, 1, 2, 1), 5, cfg, world_size=4)
+
+``TrainConfig`` says what a run trains (model, data, optimizer); ``run_steps``
+is the one loop that steps, times and records, which ``train``, ``reference``
+(one process), ``native.train`` (PyTorch's composition) and assignment 9's
+grader call.
 
 One step on every rank (``step``):
 
@@ -27,7 +34,9 @@ With the same global batch, every layout computes the loss and the gradients
 of one process up to the order of floating-point sums (tests/test_capstone.py).
 """
 import contextlib
+import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -114,14 +123,67 @@ def all_reduce_buckets(stage, group, divide_by):
             p.grad.copy_(g.view_as(p))
 
 
-def build(layout, cfg, seed=0, sequence_parallel=True, dtype=torch.float32):
-    """(stage, groups, coords): this rank's piece of the seeded decoder."""
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """What a run trains, on what, with what: the one description that ``train``,
+    ``reference``, ``native.train`` and assignment 9's grader read (torchtitan's
+    trainer likewise takes one config of model, data and optimizer fields).
+
+    ``model``: sizes for ``capstone.model.run_config`` (default ``model.SIZES``:
+    2 blocks, h = 32, 4 heads) or a whole ``models.GPTConfig`` (the tied decoder
+    of assignment 9). ``optimizer``: "adamw" (no weight decay), "sgd" or a
+    callable(params) -> Optimizer. ``text``: the training bytes (default: the
+    Bible's training split).
+    """
+    # the model
+    model: dict | models.GPTConfig | None = None
+    seed: int = 0
+    dtype: torch.dtype = torch.float32
+    sequence_parallel: bool = True
+    # the data
+    batch: int = 8
+    seq_len: int = 32
+    micro_batches: int = 2
+    data_seed: int = 0
+    text: torch.Tensor | None = None
+    # the optimizer
+    optimizer: str | Callable = "adamw"
+    lr: float = 3e-3
+
+    @classmethod
+    def of(cls, config=None, **fields):
+        """``config`` (default: every field's default) with ``fields`` replaced: the
+        keyword arguments of ``train(layout, steps, batch=..., lr=...)``."""
+        return dataclasses.replace(config or cls(), **fields)
+
+    def gpt_config(self) -> models.GPTConfig:
+        if isinstance(self.model, models.GPTConfig):
+            return self.model
+        return run_config(self.seq_len, self.model)
+
+    def make_optimizer(self, params):
+        if callable(self.optimizer):
+            return self.optimizer(params)
+        return {"adamw": lambda: torch.optim.AdamW(params, lr=self.lr, weight_decay=0.0),
+                "sgd": lambda: torch.optim.SGD(params, lr=self.lr)}[self.optimizer]()
+
+    def loader(self, layout=None, coords=None) -> capdata.Loader:
+        """The global batches; with a layout, this rank's dp rows and cp positions."""
+        text = capdata.split(capdata.corpus())[0] if self.text is None else self.text
+        split = () if layout is None else (layout.dp, coords.dp, layout.cp, coords.cp)
+        return capdata.Loader(text, self.batch, self.seq_len, self.data_seed, *split)
+
+
+def build(layout, cfg, seed=0, sequence_parallel=True, dtype=torch.float32, *,
+          stage_class=Stage, groups_of=make_groups):
+    """(stage, groups, coords): this rank's piece of the seeded decoder
+    (``stage_class``: ``Stage`` or a subclass, on the groups ``groups_of(layout)``)."""
     layout = Layout(*layout)
-    groups = make_groups(layout)
+    groups = groups_of(layout)
     coords = layout.coords(dist.get_rank())
     gpt = models.GPT(cfg, seed=seed).to(dtype)          # whole, from its seed
-    stage = Stage(gpt, layout, coords, groups, sequence_parallel).to(identity.device())
-    return stage, groups, coords
+    stage = stage_class(gpt, layout, coords, groups, sequence_parallel)
+    return stage.to(identity.device()), groups, coords
 
 
 def step(stage, opt, batch, layout, groups, coords, m, sync=sync_gradients,
@@ -159,127 +221,127 @@ def step(stage, opt, batch, layout, groups, coords, m, sync=sync_gradients,
     return loss
 
 
-def train(layout, steps, *, batch=8, seq_len=32, micro_batches=2, lr=3e-3, seed=0,
-          data_seed=0, model=None, optimizer="adamw", sequence_parallel=True,
-          dtype=torch.float32, sync=sync_gradients, record_grads=(), text=None,
-          return_params=False, warmup=1, checkpoint_every=0, checkpoint_dir=None,
-          resume=None, on_step=None, record_timeline=False):
-    """Train the seeded decoder for ``steps`` steps on ``layout`` = (dp, tp, pp, cp).
+def run_steps(one_step, loader, steps, *, first=0, warmup=1, timed=True, device=None,
+              tokens_per_step=0, record_grads=(), module=None, after_step=None) -> dict:
+    """The one training loop: ``one_step(k, ids, targets) -> loss`` for the steps
+    ``first`` .. ``steps - 1`` on the loader's batches (moved to ``device``).
 
-    Runs on every rank of a world of dp·tp·pp·cp ranks. ``batch``: sequences
-    of ``seq_len`` bytes per global batch (the same bytes on every layout);
-    ``micro_batches``: the pipeline's m per replica; ``model``: sizes for
-    ``capstone.model.run_config`` (default ``model.SIZES``: 2 blocks, h = 32, 4 heads).
-    ``optimizer``: "adamw", "sgd" or a callable(params) -> Optimizer (a broken
-    one, ``compare.adamw_one_weight_twice``, to see what the parity procedure
-    finds). ``sync``: the gradient synchronisation (a broken one, likewise).
-    ``record_grads``: the steps whose gradients (after sync, before the
-    optimizer) and updates (the parameters' change in the step) this rank
-    returns, by parameter name. ``record_timeline``: the last step's
-    timeline (chapter 5's spans, the sync's and the optimizer's) and its
-    ``calls.record`` log, on the same clock.
-    ``text``: the training bytes (default: the Bible's training split).
-    Returns, on each rank: its losses per step (the global mean), recorded
-    gradients, coordinates, the TP split of each parameter, the loader's
-    state, tokens/s of the whole job (the steps after ``warmup``, between
-    barriers; all steps if there are no more), the timeline if asked; with
-    ``return_params``, its parameters (``compare.full_params`` puts the
-    whole decoder together).
-
-    Checkpoints (``capstone.checkpoint``, DCP): every ``checkpoint_every``
-    steps into ``checkpoint_dir``/step<NNNNNN>; ``resume``: a checkpoint
-    written at any layout, to continue from its step (``steps`` counts from
-    the run's start, so the steps taken are its step .. steps - 1).
-    ``on_step(step, loss)``: called on every rank after each step (and its
-    save), e.g. for a progress line.
+    Records each step's loss; for the steps in ``record_grads``, ``module``'s
+    gradients after the step (the optimizer leaves them as the sync did) and
+    updates (the parameters' change in the step), by name. ``timed``: tokens/s
+    of the whole job over the steps after ``warmup`` (all steps if there are no
+    more), between barriers (collectives: every rank times). ``after_step(k,
+    loss)``: called after each step's records (a checkpoint, a progress line).
     """
-    layout = Layout(*layout)
+    losses, grads, updates, start, timed_steps = [], {}, {}, None, 0
+    for k in range(first, steps):
+        if timed and k == min(first + warmup, steps - 1):   # whole steps after warm-up
+            dist.barrier()
+            start, timed_steps = timing.now(device), steps - k
+        ids, targets = (t if device is None else t.to(device) for t in loader.next())
+        before = _copies(module) if k in record_grads else None
+        loss = one_step(k, ids, targets)
+        losses.append(loss.item())
+        if k in record_grads:
+            grads[k] = {n: p.grad.detach().clone() for n, p in module.named_parameters()}
+            updates[k] = {n: p.detach() - before[n] for n, p in module.named_parameters()}
+        if after_step is not None:
+            after_step(k, losses[-1])
+    out = dict(losses=losses, grads=grads, updates=updates, tokens_per_s=None)
+    if timed:
+        dist.barrier()
+        seconds = timing.now(device) - start    # once the device's work is done
+        out["tokens_per_s"] = timed_steps * tokens_per_step / seconds
+    return out
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def _copies(module) -> dict:
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def train(layout, steps, config=None, *, sync=sync_gradients, record_grads=(),
+          return_params=False, warmup=1, checkpoint_every=0, checkpoint_dir=None,
+          resume=None, on_step=None, record_timeline=False, **fields):
+    """Train the seeded decoder ``steps`` steps on ``layout`` = (dp, tp, pp, cp), on every
+    rank of its world: ``config`` (a ``TrainConfig``) with ``fields`` replaced by name;
+    ``sync``: the gradient synchronisation (a broken one, for the parity procedure);
+    ``record_timeline``: the last step's spans and calls; checkpoints (DCP) every
+    ``checkpoint_every`` steps; ``resume``: one of any layout (``steps`` counts from 0);
+    ``on_step(step, loss)`` after each step. Returns, on each rank, ``run_steps``'s record,
+    its coordinates, shards, loader state, timeline, and parameters if asked."""
+    cfg, layout = TrainConfig.of(config, **fields), Layout(*layout)
     if steps < 1:
         raise ValueError(f"train needs steps >= 1, got {steps}")
-    cfg = run_config(seq_len, model)
-    validate(cfg, layout, seq_len, sequence_parallel)
-    stage, groups, coords = build(layout, cfg, seed, sequence_parallel, dtype)
-    old_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)   # the pipeline lesson's receive buffers take it
-    try:
-        make = optimizer if callable(optimizer) else {
-            "adamw": lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0),
-            "sgd": lambda p: torch.optim.SGD(p, lr=lr)}[optimizer]
-        opt = make(list(stage.parameters()))
-        train_bytes = capdata.split(capdata.corpus())[0] if text is None else text
-        loader = capdata.Loader(train_bytes, batch, seq_len, data_seed, layout.dp,
-                                coords.dp, layout.cp, coords.cp)
-        losses, grads, updates, dev = [], {}, {}, identity.device()
-        meta = capckpt.run_meta(cfg, layout, loader.state_dict(), optimizer, dtype)
+    gpt_cfg = cfg.gpt_config()
+    validate(gpt_cfg, layout, cfg.seq_len, cfg.sequence_parallel)
+    stage, groups, coords = build(layout, gpt_cfg, cfg.seed, cfg.sequence_parallel, cfg.dtype)
+    with _default_dtype(cfg.dtype):      # the pipeline lesson's receive buffers take it
+        opt = cfg.make_optimizer(list(stage.parameters()))
+        loader = cfg.loader(layout, coords)
+        meta = capckpt.run_meta(gpt_cfg, layout, loader.state_dict(), cfg.optimizer, cfg.dtype)
         first = capckpt.resume(resume, stage, opt, loader, meta, steps)
         if checkpoint_every and not checkpoint_dir:
             raise ValueError("checkpoint_every needs a checkpoint_dir")
-        start, timeline = None, None
-        for k in range(first, steps):
-            if k == min(first + warmup, steps - 1):    # whole steps after warm-up
-                dist.barrier()
-                start, timed = timing.now(dev), steps - k
-            ids, targets = (t.to(dev) for t in loader.next())
-            before = {n: p.detach().clone() for n, p in stage.named_parameters()
-                      } if k in record_grads else None
-            record = {} if record_timeline and k == steps - 1 else None
-            with calls.record() if record is not None else _nothing() as log:
-                t0 = timing.now(dev)
-                loss = step(stage, opt, (ids, targets), layout, groups, coords,
-                            micro_batches, sync, dtype, record)
-                if record is not None:
-                    timeline = dict(record, calls=log.calls, start=t0,
-                                    end=timing.now(dev))
-            losses.append(loss.item())
-            if k in record_grads:
-                grads[k] = {n: p.grad.detach().clone()
-                            for n, p in stage.named_parameters()}
-                updates[k] = {n: p.detach() - before[n]
-                              for n, p in stage.named_parameters()}
+        timeline = {} if record_timeline else None
+
+        def one_step(k, ids, targets):
+            return _recorded_step(timeline if k == steps - 1 else None, stage, opt,
+                                  (ids, targets), layout, groups, coords, cfg.micro_batches,
+                                  sync, cfg.dtype)
+
+        def after_step(k, loss):
             if checkpoint_every and (k + 1) % checkpoint_every == 0:
                 capckpt.save(capckpt.path_for(checkpoint_dir, k + 1), stage, opt,
                              dict(meta, step=k + 1, loader=loader.state_dict()))
             if on_step is not None:
-                on_step(k, losses[-1])
-        dist.barrier()
-        seconds = timing.now(dev) - start     # once the device's work is done
-    finally:
-        torch.set_default_dtype(old_dtype)
-    params = {n: p.detach().clone() for n, p in stage.named_parameters()}
-    return dict(losses=losses, grads=grads, updates=updates, coords=tuple(coords),
-                layout=tuple(layout), shards=stage.shards(), rank=dist.get_rank(),
-                loader=loader.state_dict(), first_step=first,
-                tokens_per_s=timed * batch * seq_len / seconds,
-                params=params if return_params else None, timeline=timeline)
+                on_step(k, loss)
+
+        out = run_steps(one_step, loader, steps, first=first, warmup=warmup,
+                        device=identity.device(), tokens_per_step=cfg.batch * cfg.seq_len,
+                        record_grads=record_grads, module=stage, after_step=after_step)
+    return dict(out, coords=tuple(coords), layout=tuple(layout), shards=stage.shards(),
+                rank=dist.get_rank(), loader=loader.state_dict(), first_step=first,
+                params=_copies(stage) if return_params else None, timeline=timeline)
 
 
-@contextlib.contextmanager
-def _nothing():
-    yield None
+def _recorded_step(timeline, *args):
+    """``step(*args)``; into a dict ``timeline``, the step's spans and its calls."""
+    if timeline is None:
+        return step(*args)
+    with calls.record() as log:
+        t0, record = timing.now(identity.device()), {}
+        loss = step(*args, record=record)
+        timeline.update(record, calls=log.calls, start=t0, end=timing.now(identity.device()))
+    return loss
 
 
-def reference(steps, *, batch=8, seq_len=32, lr=3e-3, seed=0, data_seed=0, model=None,
-              optimizer="adamw", dtype=torch.float32, record_grads=(), text=None):
+def reference(steps, config=None, *, record_grads=(), **fields):
     """The same training in one process, on ``models.GPT`` itself (no lesson
-    code, no communication): the losses and the recorded gradients."""
-    cfg = run_config(seq_len, model)
-    gpt = models.GPT(cfg, seed=seed).to(dtype)
-    make = {"adamw": lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0),
-            "sgd": lambda p: torch.optim.SGD(p, lr=lr)}[optimizer]
-    opt = make(gpt.parameters())
-    train_bytes = capdata.split(capdata.corpus())[0] if text is None else text
-    loader = capdata.Loader(train_bytes, batch, seq_len, data_seed)
-    losses, grads = [], {}
-    for k in range(steps):
-        ids, targets = loader.next()
+    code, no communication): the losses, the recorded gradients, the model."""
+    cfg = TrainConfig.of(config, **fields)
+    gpt = models.GPT(cfg.gpt_config(), seed=cfg.seed).to(cfg.dtype)
+    opt = cfg.make_optimizer(list(gpt.parameters()))
+
+    def one_step(k, ids, targets):
         opt.zero_grad()
         loss = gpt(ids, targets)
         loss.backward()
         opt.step()
-        losses.append(loss.item())
-        if k in record_grads:
-            grads[k] = {n: p.grad.detach().clone() for n, p in gpt.named_parameters()}
-    return dict(losses=losses, grads=grads, model=gpt)
+        return loss
+
+    out = run_steps(one_step, cfg.loader(), steps, timed=False, record_grads=record_grads,
+                    module=gpt)
+    return dict(losses=out["losses"], grads=out["grads"], model=gpt)
 
 
 def bits_per_byte(loss) -> float:

@@ -20,9 +20,10 @@ in ``megatron/core/distributed/finalize_model_grads.py``; Shoeybi et al.
 one stage (pp = 1) the weight is one Parameter and autograd has already
 summed its two uses.
 
-This module holds the plumbing only (the tied stage, the embedding group, the
-runs and their comparison): which gradient goes over which group with which
-divisor is the student's answer and lives in the instructors' source notebook.
+This package holds the plumbing only (``tied``: the tied stage and the
+embedding groups; here: the runs, on ``capstone.trainer``'s loop, and their
+comparison): which gradient goes over which group with which divisor is the
+student's answer and lives in the instructors' source notebook.
 
 Each check trains ``STEPS`` steps on the ranks through ``grading.run``'s
 machinery (``diagnosis.run_on_ranks``: a deadline, so a deadlock ends in an
@@ -42,10 +43,11 @@ import torch.distributed as dist
 
 from labsupport import calls, models, p2p_log
 from labsupport.capstone import compare, trainer
-from labsupport.capstone import data as capdata
-from labsupport.capstone.layout import Layout, make_groups
-from labsupport.capstone.model import Stage, validate
+from labsupport.capstone.layout import Layout
+from labsupport.capstone.model import validate
 from labsupport.checking.diagnosis import TIMEOUT, log_path, name_of, run_on_ranks
+from labsupport.grading.grad_sync_4d.tied import (  # noqa: F401 - the tests' and notebook's
+    TiedStage, embedding_groups, tied_groups)
 from labsupport.launch import identity
 
 VISIBLE = {"two_stages": ((2, 1, 2, 1),), "one_stage": ((2, 2, 1, 1),),
@@ -69,86 +71,19 @@ def layers_for(layout) -> int:
     return max(2, Layout(*layout).pp)
 
 
-class TiedStage(Stage):
-    """Chapter 11's ``Stage`` of a tied decoder: the LM head's weight is the token
-    embedding's shard (the same rows V/tp of the same matrix: the embedding is
-    split by vocabulary rows, the head by output rows, so tp rank t holds the
-    same slice in both). On the first and last stage, different ranks when
-    pp > 1, the two copies start equal (one seeded model); with pp = 1 they are
-    one Parameter (``named_parameters`` lists it once, as ``tok.weight``)."""
-
-    def __init__(self, gpt, layout, coords, groups, sequence_parallel=True):
-        if not gpt.cfg.tie_weights:
-            raise ValueError("TiedStage needs a tied decoder (tie_weights=True)")
-        super().__init__(gpt, layout, coords, groups, sequence_parallel)
-        if self.first and self.last:
-            self.lm_head.weight = self.tok.weight
-
-    def shared_embedding_or_output_weight(self):
-        """The tied weight this stage holds (the embedding's on the first stage, the
-        head's on the last), or None (Megatron-LM's name for it)."""
-        if self.first:
-            return self.tok.weight
-        return self.lm_head.weight if self.last else None
-
-
-def embedding_groups(layout) -> list:
-    """Megatron's embedding groups, as lists of ranks: for each (dp, cp, tp)
-    coordinate, the ranks of the first and the last stage (one rank if pp = 1)."""
-    layout = Layout(*layout)
-    out = []
-    for dp in range(layout.dp):
-        for cp in range(layout.cp):
-            for tp in range(layout.tp):
-                ends = {layout.rank((dp, pp, cp, tp)) for pp in (0, layout.pp - 1)}
-                out.append(sorted(ends))
-    return out
-
-
-_GROUPS = {}
-
-
-def tied_groups(layout) -> dict:
-    """``capstone.layout.make_groups`` plus "embedding", this rank's embedding
-    group (and its ranks under "ranks"). Every rank makes every group in one
-    order; cached per layout for the life of the process group. A middle stage
-    holds no tied weight and is in no embedding group: None (as in Megatron)."""
-    layout = Layout(*layout)
-    key = (layout, id(dist.group.WORLD))
-    if key not in _GROUPS:
-        base, rank, mine = make_groups(layout), dist.get_rank(), (None, None)
-        for ranks in embedding_groups(layout):
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                mine = (group, ranks)
-        _GROUPS[key] = dict(base, embedding=mine[0],
-                            ranks=dict(base["ranks"], embedding=mine[1]))
-    return _GROUPS[key]
-
-
-@functools.lru_cache(maxsize=1)
-def _text():
-    return capdata.split(capdata.corpus())[0]
+def train_config(layers=2) -> trainer.TrainConfig:
+    """What every graded run and the reference train: the tied decoder, the
+    assignment's batches (the Bible's training split), AdamW."""
+    return trainer.TrainConfig(model=tied_config(layers), batch=BATCH, seq_len=SEQ_LEN,
+                               micro_batches=MICRO_BATCHES, lr=LR)
 
 
 @functools.lru_cache(maxsize=4)
 def reference(layers=2, steps=STEPS) -> dict:
     """One process training the tied ``models.GPT`` on the same global batches:
     {"losses": per step, "grads": {name: gradient at step 0}}."""
-    gpt = models.GPT(tied_config(layers), seed=0)
-    opt = torch.optim.AdamW(gpt.parameters(), lr=LR, weight_decay=0.0)
-    loader = capdata.Loader(_text(), BATCH, SEQ_LEN, 0)
-    losses, grads = [], None
-    for _ in range(steps):
-        ids, targets = loader.next()
-        opt.zero_grad()
-        loss = gpt(ids, targets)
-        loss.backward()
-        if grads is None:
-            grads = {n: p.grad.detach().clone() for n, p in gpt.named_parameters()}
-        opt.step()
-        losses.append(loss.item())
-    return dict(losses=losses, grads=grads)
+    out = trainer.reference(steps, train_config(layers), record_grads=(0,))
+    return dict(losses=out["losses"], grads=out["grads"][0])
 
 
 # -- the checks ---------------------------------------------------------------------
@@ -431,17 +366,12 @@ def _train(log_dir, sync, layout):
     """On each rank: ``STEPS`` steps of the tied decoder with ``sync``; its losses,
     its gradients after the sync at step 0, and the calls the sync made."""
     layout = Layout(*layout)
-    cfg = tied_config(layers_for(layout))
-    validate(cfg, layout, SEQ_LEN, True)
-    groups = tied_groups(layout)
-    rank = dist.get_rank()
-    coords = layout.coords(rank)
-    stage = TiedStage(models.GPT(cfg, seed=0), layout, coords, groups)
-    stage = stage.to(identity.device())
-    opt = torch.optim.AdamW(stage.parameters(), lr=LR, weight_decay=0.0)
-    loader = capdata.Loader(_text(), BATCH, SEQ_LEN, 0, layout.dp, coords.dp,
-                            layout.cp, coords.cp)
-    seen = {}
+    cfg = train_config(layers_for(layout))
+    validate(cfg.gpt_config(), layout, SEQ_LEN, True)
+    stage, groups, coords = trainer.build(layout, cfg.gpt_config(), stage_class=TiedStage,
+                                          groups_of=tied_groups)
+    opt = cfg.make_optimizer(list(stage.parameters()))
+    rank, seen = dist.get_rank(), {}
 
     def traced(stage, groups, layout):
         with calls.record() as log:
@@ -455,17 +385,18 @@ def _train(log_dir, sync, layout):
             seen["missing"] = [n for n, _ in named if n not in seen["grads"]]
 
     traced.__name__ = name_of(sync)
-    losses, dev = [], identity.device()
-    with p2p_log.record(log_path(log_dir, rank)):
-        for _ in range(STEPS):
-            ids, targets = (t.to(dev) for t in loader.next())
-            loss = trainer.step(stage, opt, (ids, targets), layout, groups, coords,
-                                MICRO_BATCHES, sync=traced)
-            losses.append(loss.item())
+
+    def one_step(k, ids, targets):
+        return trainer.step(stage, opt, (ids, targets), layout, groups, coords,
+                            MICRO_BATCHES, sync=traced)
+
+    with p2p_log.record(log_path(log_dir, rank)):     # no barrier: a deadlock is the sync's
+        out = trainer.run_steps(one_step, cfg.loader(layout, coords), STEPS, timed=False,
+                                device=identity.device())
     rename = {"lm_head.weight": TIED} if stage.last and not stage.first else {}
     shards = stage.shards()
     sp = {id(p) for p in stage.sp_params}
-    return dict(rank=rank, layout=tuple(layout), coords=tuple(coords), losses=losses,
+    return dict(rank=rank, layout=tuple(layout), coords=tuple(coords), losses=out["losses"],
                 grads={rename.get(n, n): g.cpu() for n, g in seen["grads"].items()},
                 shards={rename.get(n, n): s for n, s in shards.items()},
                 sp=[rename.get(n, n) for n, p in stage.named_parameters()
