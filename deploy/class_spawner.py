@@ -31,12 +31,11 @@ import stat
 import subprocess
 from pathlib import Path
 
+import gpu_pool
+import uid_processes
 from jupyterhub.spawner import LocalProcessSpawner
 from systemdspawner import SystemdSpawner
 from traitlets import Any, HasTraits, Integer
-
-import gpu_pool
-import uid_processes
 
 # Where a home would not survive a reboot, or is shared by every user.
 VOLATILE = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), Path("/run"))

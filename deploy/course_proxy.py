@@ -15,10 +15,9 @@ files, after the hub's own address is set (``init_hub``) and before any port
 opens (``JupyterHub.start``): the check is made here, on what the proxy will
 really be given, whichever option or file set it. (jupyterhub 6.1.1, ``app.py``.)
 """
+import hub_settings
 from jupyterhub.proxy import ConfigurableHTTPProxy
 from traitlets import Unicode
-
-import hub_settings
 
 
 class CourseProxy(ConfigurableHTTPProxy):
@@ -34,4 +33,5 @@ class CourseProxy(ConfigurableHTTPProxy):
             message = (f"The course hub will not start (COURSE_HUB_MODE={self.course_mode}) "
                        "on the address it was given in the end, command-line options "
                        "included:\n" + "\n".join(f"  - {p}" for p in problems))
-            raise SystemExit(message)  # printed as it is (JupyterHub logs an Exception's traceback)
+            # printed as it is (JupyterHub logs an Exception's traceback)
+            raise SystemExit(message)

@@ -169,7 +169,9 @@ def grade_one(args, extra, student, account):
                 shutil.rmtree(folder, ignore_errors=True)
     if status is None:
         return f"{student}: NOT GRADED, stopped at the {args.deadline} s deadline"
-    return f"{student}: graded" if status == 0 else f"{student}: NOT GRADED (nbgrader exit {status})"
+    if status == 0:
+        return f"{student}: graded"
+    return f"{student}: NOT GRADED (nbgrader exit {status})"
 
 
 def autograde(args, extra):
@@ -177,7 +179,8 @@ def autograde(args, extra):
         raise SystemExit("grade_sandboxed: autograde needs --sandbox-user")
     account = pwd.getpwnam(args.sandbox_user)
     if problems := refusals(args, account):
-        raise SystemExit("grade_sandboxed: will not grade:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise SystemExit("grade_sandboxed: will not grade:\n"
+                         + "\n".join(f"  - {p}" for p in problems))
     submitted = args.course_dir / "submitted"
     students = args.student or sorted(p.name for p in submitted.iterdir()
                                       if (p / args.assignment).is_dir())

@@ -34,7 +34,8 @@ ROOT = private_sources.ROOT  # the repository
 ASSIGNMENTS = private_sources.ASSIGNMENTS  # solutions and hidden tests inside
 NOBODY = 65534  # who tries the course's Python, with the students' group
 INTEGERS = {"cpus": "COURSE_CPUS_PER_USER", "processes": "COURSE_PROCESSES_PER_USER",
-            "idle_timeout": "COURSE_IDLE_TIMEOUT", "kernel_idle_timeout": "COURSE_KERNEL_IDLE_TIMEOUT"}
+            "idle_timeout": "COURSE_IDLE_TIMEOUT",
+            "kernel_idle_timeout": "COURSE_KERNEL_IDLE_TIMEOUT"}
 
 
 @dataclasses.dataclass

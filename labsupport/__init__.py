@@ -7,6 +7,7 @@
 Imported in a Jupyter kernel, it also registers the ``%%ranks`` cell magic and
 the book's offline plotly renderer.
 """
+import pkgutil
 import sys
 
 from labsupport import _aliases
@@ -20,15 +21,11 @@ from labsupport.your_turn import NotWritten
 __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "backend_of", "current",
            "device", "main", "run", "shutdown", "start"]
 
-# Submodules a chapter reaches as ``ls.<name>``, imported on first use so that
-# ``import labsupport`` stays light (it does not import torch by itself).
-_SUBMODULES = {
-    # one folder per chapter topic (lesson, probe, crossing, checks, bench)
-    "memory", "collectives", "ring", "data_parallel", "tensor_parallel", "pipeline",
-    "context_parallel", "zero", "device_mesh", "expert_parallel", "checkpoints",
-    # instruments used by many chapters, and the rest
-    "bench", "calls", "checking", "crossings", "diagrams", "doctor", "grading", "models",
-    "overlap", "p2p_log", "plots", "sweep", "timeline", "timing", "traffic", "your_turn"}
+# Every public module and folder of the package (a chapter topic, an instrument),
+# reached as ``ls.<name>`` and imported on first use so that ``import labsupport``
+# stays light (it does not import torch by itself). Read from the folder itself: a
+# list written by hand forgot ``capstone`` once.
+_SUBMODULES = {m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")}
 
 
 def __getattr__(name):

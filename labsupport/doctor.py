@@ -73,6 +73,7 @@ def cores():
 def _allreduce():
     import torch
     import torch.distributed as dist
+
     from labsupport.launch.identity import device
     t = torch.ones(1024, device=device()) * (dist.get_rank() + 1)  # (1024,)
     dist.all_reduce(t)

@@ -12,11 +12,13 @@ the result into a verdict.
 """
 import os
 
+
 def chapter_ops():
     """On a rank, what the chapters need: (sum of a CPU all-reduce, what a
     batched isend/irecv round the ring brought from the left)."""
     import torch
     import torch.distributed as dist
+
     from labsupport.launch.identity import device
     rank, world_size = dist.get_rank(), dist.get_world_size()
     on_cpu = torch.full((4,), rank + 1.0)  # the graders' tensors are on the CPU
@@ -42,6 +44,7 @@ def kernel_probe(world_size, timeout):
     """``chapter_ops_on_ranks`` from a fresh Jupyter kernel; the results by rank."""
     import json
     import tempfile
+
     from jupyter_client import KernelManager
     # Unix sockets in a private directory: no TCP port open to other users.
     manager = KernelManager(transport="ipc", ip=os.path.join(tempfile.mkdtemp(), "k"))

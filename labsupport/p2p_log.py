@@ -25,8 +25,8 @@ import time
 import torch.distributed as dist
 
 from labsupport import calls
-from labsupport.launch import strict_p2p
 from labsupport.calls import COLLECTIVES, P2P  # noqa: F401 (what checking.deadlock names)
+from labsupport.launch import strict_p2p
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:

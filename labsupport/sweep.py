@@ -104,6 +104,7 @@ def measure(ops, nbytes_list, warmup, repeats, dtype=None) -> dict:
     repeat timed on its slowest rank."""
     import torch
     import torch.distributed as dist
+
     from labsupport.launch.identity import device
 
     dtype, medians = dtype or torch.float32, {label: [] for label in ops}
@@ -187,7 +188,7 @@ def _check_ops(ops, kind) -> dict:
     if not isinstance(ops, dict) or not ops:
         raise TypeError("ops must be a collective's name, a fn(tensor), or a dict of them "
                         f"by label, got {type(ops).__name__}")
-    for label, op in ops.items():
+    for op in ops.values():
         if not callable(op):
             busbw_factor(op, 2)
     return dict(ops)

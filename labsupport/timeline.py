@@ -38,7 +38,8 @@ class Timeline:
             raise ValueError(f"unknown lane {lane!r}: use one of {LANES}")
         if end < start:
             raise ValueError(f"event {name!r} ends ({end}) before it starts ({start})")
-        self.events.append(dict(rank=self.rank, lane=lane, name=name, start=start, end=end, **extra))
+        self.events.append(dict(rank=self.rank, lane=lane, name=name, start=start, end=end,
+                                **extra))
 
     @contextlib.contextmanager
     def span(self, lane: str, name: str, **extra):
@@ -62,7 +63,8 @@ def merge(events_by_rank: list[list[dict]]) -> list[dict]:
 
 def busy_time(events: list[dict], rank: int, lane: str = "compute") -> float:
     """Total time a rank spent in a lane, overlapping spans counted once."""
-    spans = sorted((e["start"], e["end"]) for e in events if e["rank"] == rank and e["lane"] == lane)
+    spans = sorted((e["start"], e["end"]) for e in events
+                   if e["rank"] == rank and e["lane"] == lane)
     total, cursor = 0.0, float("-inf")
     for start, end in spans:
         if end > cursor:

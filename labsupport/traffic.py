@@ -67,7 +67,8 @@ def tcp_totals() -> tuple[int, int]:
         except OSError:  # closed meanwhile, or not a socket after all
             continue
         with sock:
-            if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET,
+                                                                      socket.AF_INET6):
                 continue
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
             out, into = tcp_info_bytes(info)

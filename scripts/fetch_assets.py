@@ -26,17 +26,20 @@ STAMP = VENDOR / ".stamp.json"
 # A member ending in "/" is a folder, copied whole.
 NPM_PINS = {
     "requirejs@2.3.8": {
-        "integrity": "sha512-7/cTSLOdYkNBNJcDMWf+luFvMriVm7eYxp4BcFCsAX0wF421Vyce5SXP17c+Jd5otXKGNehIonFlyQXSowL6Mw==",
+        "integrity": ("sha512-7/cTSLOdYkNBNJcDMWf+luFvMriVm7eYxp4BcFCsAX0w"
+                      "F421Vyce5SXP17c+Jd5otXKGNehIonFlyQXSowL6Mw=="),
         "members": {"package/require.js": "require.js"},
     },
     "@jupyter-widgets/html-manager@1.0.15": {
-        "integrity": "sha512-5thBIV6ymNgmPVOHvzx+gGy8ZSKmSazhtGw4/c4xJDVzRhG9PTeQsRjF3FUTopvFi//SABeNz1yp47bCrJ3CQA==",
+        "integrity": ("sha512-5thBIV6ymNgmPVOHvzx+gGy8ZSKmSazhtGw4/c4xJDVz"
+                      "RhG9PTeQsRjF3FUTopvFi//SABeNz1yp47bCrJ3CQA=="),
         # embed-amd.js looks for its icon fonts next to itself, so they come too.
         "members": {"package/dist/embed-amd.js": "embed-amd.js"},
         "font_dir": "package/dist/",
     },
     "mathjax@3.2.2": {
-        "integrity": "sha512-Bt+SSVU8eBG27zChVewOicYs7Xsdt40qm4+UpHyX7k0/O9NliPc+x77k1/FEsPsjKPZGJvtRZM1vO+geW0OhGw==",
+        "integrity": ("sha512-Bt+SSVU8eBG27zChVewOicYs7Xsdt40qm4+UpHyX7k0/"
+                      "O9NliPc+x77k1/FEsPsjKPZGJvtRZM1vO+geW0OhGw=="),
         # tex-chtml.js loads its fonts, TeX extensions and menu from beside
         # itself; the other combined bundles (svg, mml, speech) are not used.
         "members": {

@@ -14,8 +14,12 @@ names of torch 2.13 that labsupport calls:
 
 The results land in $OUT/gpu_capstone.json. Chapter 11 reads the recorded file.
 """
-import json, os, sys, time
+import json
+import os
+import time
+
 import torch
+
 import labsupport as ls
 from labsupport.capstone import trainer
 

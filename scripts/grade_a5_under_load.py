@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import test_grading_zero2_overlap as t  # noqa: E402 - the reference and its edits
-
 import labsupport.grading.zero2_overlap as gz  # noqa: E402
+import test_grading_zero2_overlap as t  # noqa: E402 - the reference and its edits
 from labsupport.checking import collective_checks  # noqa: E402
 
 CELLS = [  # (test cell, points, its checks): as in the source notebook
@@ -39,7 +38,8 @@ def grade(name) -> dict:
         except AssertionError as e:
             cells[cell] = f"0: {str(e)[:60]}"
         slowest = max(slowest, time.monotonic() - t0)
-    runs = [c["value"] for c in collective_checks.run(gz._train, cls, 1000, gz.STEPS, world_size=2)]
+    runs = [c["value"] for c in collective_checks.run(gz._train, cls, 1000, gz.STEPS,
+                                                      world_size=2)]
     return dict(score=score, cells=cells, slowest_cell_s=round(slowest, 1),
                 bytes=[dict(peak=r["peak_grad_bytes"], after_finish=r["after"]["held"],
                             steps=r["steps"]) for r in runs])

@@ -162,8 +162,7 @@ def notebook_findings(nb, name: str, sanitize) -> list[Finding]:
                 for m in FIGURE.finditer(text):
                     for path, value in figure_findings(json.loads(m.group(1))):
                         found.append(Finding(name, index, path, value,
-                                             "more than %d significant digits"
-                                             % SIGNIFICANT))
+                                             f"more than {SIGNIFICANT} significant digits"))
                 rest = FIGURE.sub("", text)
             for snippet, why in text_findings(rest):
                 found.append(Finding(name, index, where, snippet, why))

@@ -16,9 +16,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # sources, the cases
 
 import grading_zero_bubble_pipeline_cases as a3_cases  # noqa: E402
-import sources  # noqa: E402
 import labsupport.grading.hybrid_sharded_dp as gh  # noqa: E402
 import labsupport.grading.zero2_overlap as g5  # noqa: E402
+import sources  # noqa: E402
 from labsupport.grading import zero_bubble_pipeline as g3  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def _plain(value):
 
 
 def a5_class(name):
-    from test_grading_zero2_overlap import CLASSES      # the reference and its edits
+    from test_grading_zero2_overlap import CLASSES  # the reference and its edits
     return CLASSES[name]
 
 

@@ -13,7 +13,9 @@ function.
 import torch
 import torch.distributed as dist
 from torch.distributed._functional_collectives import (
-    all_gather_single_autograd, reduce_scatter_single_autograd)
+    all_gather_single_autograd,
+    reduce_scatter_single_autograd,
+)
 
 from labsupport.expert_parallel import moe
 
@@ -35,7 +37,8 @@ def variable_splits(x, router, experts, top_k, capacity_factor, group=None):
 
 
 def gather_all(x, router, experts, top_k, capacity_factor, group=None):
-    """Every token to every rank (all-gather), partial outputs summed back. Right, too many bytes."""
+    """Every token to every rank (all-gather), partial outputs summed back. Right, too many
+    bytes."""
     group = group or dist.group.WORLD
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     num_tokens, num_experts = len(x), router.out_features

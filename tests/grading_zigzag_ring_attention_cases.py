@@ -55,11 +55,13 @@ def _ring(q, k, v, positions, plan, merge=lse_merge, blocking=False, extra=None)
             rows, keys = picked
             k_pos = positions(seq_len, src, n)[keys]
             mask = k_pos[None, :] <= q_pos[rows][:, None]
-            o, l = block_attention(q[..., rows, :], kv[0][..., keys, :], kv[1][..., keys, :], mask)
+            o, o_lse = block_attention(q[..., rows, :], kv[0][..., keys, :],
+                                       kv[1][..., keys, :], mask)
             if out is None:
-                out, lse = o, l
+                out, lse = o, o_lse
             else:
-                out[..., rows, :], lse[..., rows, :] = merge(out[..., rows, :], lse[..., rows, :], o, l)
+                out[..., rows, :], lse[..., rows, :] = merge(out[..., rows, :],
+                                                             lse[..., rows, :], o, o_lse)
         for request in requests:
             request.wait()
         kv = incoming

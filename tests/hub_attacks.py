@@ -59,7 +59,8 @@ def attempt(what, action):
         verdict = f"denied: {e}"
     except urllib.error.HTTPError as e:  # the test checks the code of each, and that the
         # owner gets 200 from the same URL
-        verdict = f"denied: HTTP {e.code}" if e.code in (401, 403, 404) else f"ALLOWED? HTTP {e.code}"
+        verdict = (f"denied: HTTP {e.code}" if e.code in (401, 403, 404)
+                   else f"ALLOWED? HTTP {e.code}")
     except urllib.error.URLError as e:  # no way to the address (the test checks it exists)
         verdict = f"denied: {e.reason}"
     except (PermissionError, FileNotFoundError, MemoryError, BlockingIOError) as e:
@@ -104,7 +105,8 @@ attempt("read B's server log", lambda: readable(t["home"] + "/.course-hub/server
 for pid in t["pids"]:
     attempt(f"read B's /proc/{{pid}}/environ", lambda pid=pid: readable(f"/proc/{{pid}}/environ"))
 for pid in t["hub_pids"]:  # the hub's and the proxy's: the proxy's token is there
-    attempt(f"read the hub's /proc/{{pid}}/environ", lambda pid=pid: readable(f"/proc/{{pid}}/environ"))
+    attempt(f"read the hub's /proc/{{pid}}/environ",
+            lambda pid=pid: readable(f"/proc/{{pid}}/environ"))
 for path in t["hub_files"]:
     attempt(f"read {{path}}", lambda path=path: readable(path))
 attempt("list the hub's state folder", lambda: os.listdir(t["state"]))
@@ -112,7 +114,8 @@ attempt("read the instructors' assignments", lambda: os.listdir(t["assignments"]
 through_git(t["git"])
 attempt("proxy API without its token", lambda: get(t["proxy_api"]))
 attempt("proxy API with A's token", lambda: get(t["proxy_api"], mine))
-attempt("B's server API with A's token, straight to its port", lambda: get(t["server_direct"], mine))
+attempt("B's server API with A's token, straight to its port",
+        lambda: get(t["server_direct"], mine))
 attempt("B's server API with A's token, through the proxy", lambda: get(t["server_proxied"], mine))
 attempt("the hub's API for B with A's token", lambda: get(t["hub_user"], mine))
 for pid in t["pids"]:

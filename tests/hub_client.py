@@ -74,10 +74,11 @@ class HubProcess:
             try:
                 urllib.request.urlopen(self.url + "hub/api/", timeout=5)
                 return
-            except OSError:
+            except OSError as err:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise AssertionError(f"the hub did not start:\n{self.log()[-4000:]}")
+                    raise AssertionError(
+                        f"the hub did not start:\n{self.log()[-4000:]}") from err
                 time.sleep(0.2)
 
     def stop(self):
@@ -152,7 +153,8 @@ class Hub:
         """(status, JSON reply); AssertionError on a status not in ok."""
         req = HTTPRequest(self.url + path, method=method, request_timeout=120,
                           headers={"Authorization": f"token {token}"},
-                          body=None if body is None and method == "GET" else json.dumps(body or {}),
+                          body=(None if body is None and method == "GET"
+                                else json.dumps(body or {})),
                           allow_nonstandard_methods=True, follow_redirects=False)
         try:
             resp = await self.http.fetch(req)
@@ -178,7 +180,8 @@ class Hub:
         assert specs["kernelspecs"]["python3"]["spec"]["display_name"] == "Python 3 (course)"
         _, k = await self.api("POST", f"user/{name}/api/kernels", token, body={"name": "python3"})
         ws_url = self.url.replace("http", "ws", 1) + f"user/{name}/api/kernels/{k['id']}/channels"
-        ws = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"}))
+        ws = await websocket_connect(HTTPRequest(ws_url,
+                                                 headers={"Authorization": f"token {token}"}))
         return Kernel(ws, k["id"])
 
 

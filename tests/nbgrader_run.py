@@ -6,7 +6,8 @@
 
 A submission is a dict {grade_id of a solution cell: its source, or a
 function that edits the reference's source}; cells it does not name keep the
-reference's source; ``None`` is the untouched student version. Imports only what nbgrader needs; the ranks never import it.
+reference's source; ``None`` is the untouched student version. Imports only what
+nbgrader needs; the ranks never import it.
 
 ``RoundTrip`` is the one home of what every assignment's round trip checks: a
 grading test file says what differs (``class TestNbgrader(RoundTrip)`` with its

@@ -45,7 +45,8 @@ def run_papermill(path: Path, out_dir: Path, parameters: dict):
     except papermill.PapermillExecutionError:
         pass
     nb = nbformat.read(out, as_version=4)
-    nb.cells = [c for c in nb.cells if "papermill-error-cell-tag" not in c.metadata.get("tags", [])]
+    nb.cells = [c for c in nb.cells
+                if "papermill-error-cell-tag" not in c.metadata.get("tags", [])]
     return nb
 
 

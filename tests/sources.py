@@ -17,8 +17,8 @@ import ast
 import io
 import keyword
 import re
-import tokenize
 import sys
+import tokenize
 import types
 from pathlib import Path
 
@@ -106,7 +106,8 @@ _STRINGS = {getattr(tokenize, name) for name in (  # f-strings are tokens of the
 
 def code_lines(code: str) -> int:
     """Lines that hold code (not blank, not only a comment)."""
-    return sum(1 for line in code.splitlines() if line.strip() and not line.strip().startswith("#"))
+    return sum(1 for line in code.splitlines()
+               if line.strip() and not line.strip().startswith("#"))
 
 
 def tokens(code: str) -> list[tuple[str, str]]:

@@ -26,13 +26,17 @@ def _bench(*args, timeout=300):
       "gloo"), rf"ring_busbw_ratio_1MiB={NUMBER} ring_busbw_ratio_1MiB_w4={NUMBER}"),
     (("p2p", "--world-sizes", "2", "--exchanges", "5", "--repeats", "1", "--backend", "gloo"),
      rf"p2p_exchange_ms_w2={NUMBER}"),
-    (("collectives", "--world-sizes", "2", "--max-mib", "1", "--repeats", "1", "--backend", "gloo"),
+    (("collectives", "--world-sizes", "2", "--max-mib", "1", "--repeats", "1", "--backend",
+      "gloo"),
      rf"busbw_GBps_all_reduce_w2={NUMBER} .*busbw_GBps_sendrecv_w2={NUMBER}"),
     (("launcher", "--world-sizes", "2", "--repeats", "1"),
-     rf"startup_ratio={NUMBER} noop_ms_w2={NUMBER} recover_s_w2={NUMBER} allreduce_ratio={NUMBER}"),
-    (("ddp", "--world-sizes", "2", "--rounds", "1", "--steps", "2", "--width", "32", "--depth", "2"),
+     rf"startup_ratio={NUMBER} noop_ms_w2={NUMBER} recover_s_w2={NUMBER} "
+     rf"allreduce_ratio={NUMBER}"),
+    (("ddp", "--world-sizes", "2", "--rounds", "1", "--steps", "2", "--width", "32", "--depth",
+      "2"),
      rf"naive_w2={NUMBER} overlapped_w2={NUMBER} bucketed_w2={NUMBER}"),
-    (("pipeline", "--world-sizes", "2", "--ms", "2", "--runs", "1", "--width", "64", "--rows", "8"),
+    (("pipeline", "--world-sizes", "2", "--ms", "2", "--runs", "1", "--width", "64", "--rows",
+      "8"),
      r"\d+ of 4 configurations within 10% of the formula; took \d+ s"),
 ], ids=lambda v: v[0] if isinstance(v, tuple) else None)
 def test_each_benchmark_ends_with_its_machine_readable_line(args, last):
@@ -77,11 +81,14 @@ def _fake_crossing(technique, measured, large_block):
 
 
 @pytest.mark.parametrize("measured, large, last, fails", [
-    (1.5, 2, "crossing_measured_over_formula_max=1.500 ring_attn_overlap_speedup_large_block=1.200",
+    (1.5, 2, "crossing_measured_over_formula_max=1.500 "
+     "ring_attn_overlap_speedup_large_block=1.200",
      False),
-    (None, 2, "crossing_measured_over_formula_max=none ring_attn_overlap_speedup_large_block=1.200",
+    (None, 2, "crossing_measured_over_formula_max=none "
+     "ring_attn_overlap_speedup_large_block=1.200",
      True),
-    (0.5, None, "crossing_measured_over_formula_max=2.000 ring_attn_overlap_speedup_large_block=none",
+    (0.5, None, "crossing_measured_over_formula_max=2.000 "
+     "ring_attn_overlap_speedup_large_block=none",
      True)])
 def test_a_missing_crossing_or_large_block_is_printed_and_is_an_error(
         monkeypatch, capsys, measured, large, last, fails):

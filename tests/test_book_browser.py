@@ -1,4 +1,5 @@
-# Run: .venv/bin/python -m pytest tests/test_book_browser.py -v   (about 30 s; needs /usr/bin/chromium: `make test` installs it)
+# Run: .venv/bin/python -m pytest \
+#   tests/test_book_browser.py -v   (about 30 s; needs /usr/bin/chromium: `make test` installs it)
 """The built book works offline: a real headless Chromium draws its figures,
 widgets and math with the network cut off.
 
@@ -72,7 +73,8 @@ def html_dir(tmp_path_factory):
     cmd = [str(jb), "build", str(ROOT), "--path-output", str(out),
            "--config", str(offline_config(out)), "-W", "-n", "--keep-going", "-q"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, f"book build failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, (f"book build failed:\n{proc.stdout[-4000:]}\n"
+                                  f"{proc.stderr[-4000:]}")
     return out / "_build" / "html"
 
 
@@ -204,7 +206,7 @@ def check_offline(requests, base_url, page):
     """Report every off-host URL the page tried; fail if a script/CSS was one."""
     tried = off_host(requests, base_url)
     if tried:
-        warnings.warn(f"{page} tried off-host URLs (blocked): {tried}")
+        warnings.warn(f"{page} tried off-host URLs (blocked): {tried}", stacklevel=2)
     print(f"{page}: {len(requests)} requests, off-host: {tried or 'none'}")
     needed = [(u, t) for u, t in tried if t in NEEDED_TYPES]
     assert not needed, f"{page} needs off-host scripts/CSS: {needed}"

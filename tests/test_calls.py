@@ -124,7 +124,7 @@ def test_a_request_finishing_while_the_p2p_log_closes_writes_nothing_and_raises_
     for attempt in range(20):
         rec = p2p_log.Recorder(str(tmp_path / f"{attempt}.jsonl"))
 
-        def late_completions():
+        def late_completions(rec=rec):
             try:
                 for i in range(2000):
                     rec.write(ev="done", id=i)

@@ -106,7 +106,7 @@ def test_the_capstone_decoder_is_untied():
 
 
 # --- parity -----------------------------------------------------------------------
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: "x".join(map(str, l)))
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: "x".join(map(str, lay)))
 def test_every_layout_trains_as_one_process(layout, reference):
     outs = _run(layout)
     assert len({tuple(o["losses"]) for o in outs}) == 1         # every rank reports it

@@ -18,8 +18,7 @@ import torch
 
 import labsupport as ls
 from labsupport import models
-from labsupport.capstone import model, native, trainer
-from labsupport.capstone import compare
+from labsupport.capstone import compare, model, native, trainer
 from labsupport.capstone.compare import LOSS_RTOL
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -63,9 +63,9 @@ def _load_at(directory, layout):
     import torch
     import torch.distributed as dist
 
-    from labsupport.capstone import checkpoint, data as capdata, trainer
+    from labsupport.capstone import checkpoint, trainer
+    from labsupport.capstone import data as capdata
     from labsupport.capstone.layout import Layout
-    from labsupport.capstone.model import config
     cfg = config(vocab_size=256, seq_len=32, hidden=32, heads=4, layers=2)  # train's
     stage, groups, coords = trainer.build(layout, cfg)
     opt = torch.optim.AdamW(stage.parameters(), lr=3e-3, weight_decay=0.0)
@@ -81,7 +81,7 @@ def _load_at(directory, layout):
                        for n, p in stage.named_parameters()})
 
 
-@pytest.mark.parametrize("layout", RESUME_AT, ids=lambda l: "x".join(map(str, l)))
+@pytest.mark.parametrize("layout", RESUME_AT, ids=lambda lay: "x".join(map(str, lay)))
 def test_each_rank_loads_its_slice_of_the_saved_tensors(saved, layout):
     directory = checkpoint.path_for(saved[1], 2)
     whole = checkpoint.full_state(directory)
@@ -102,7 +102,7 @@ def test_each_rank_loads_its_slice_of_the_saved_tensors(saved, layout):
     assert held == set(whole["model"])              # every tensor, somewhere
 
 
-@pytest.mark.parametrize("layout", RESUME_AT, ids=lambda l: "x".join(map(str, l)))
+@pytest.mark.parametrize("layout", RESUME_AT, ids=lambda lay: "x".join(map(str, lay)))
 def test_resumed_on_another_layout_the_loss_continues(saved, layout):
     outs, root = saved
     want = outs[0]["losses"]

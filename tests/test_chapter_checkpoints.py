@@ -7,7 +7,6 @@ import pytest
 
 import labsupport as ls
 from labsupport.checkpoints import checks
-
 from nbtools import notebook_definitions
 
 CHAPTER = Path(__file__).resolve().parents[1] / "notebooks/10_checkpoints_and_failures.ipynb"

@@ -1,4 +1,5 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_chapter_context_parallel.py
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest \
+#   tests/test_chapter_context_parallel.py
 """labsupport.context_parallel.checks, behind chapter 6's your-turn cells:
 the reference solutions pass, plausible wrong answers fail with a message that
 names the mistake, and an unwritten stub is reported as not written."""
@@ -9,8 +10,8 @@ import pytest
 import torch
 
 import labsupport as ls
-from labsupport.context_parallel import ring_attention as ra
 from labsupport.context_parallel import checks
+from labsupport.context_parallel import ring_attention as ra
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

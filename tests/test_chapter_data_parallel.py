@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport.data_parallel import ddp
-from labsupport.data_parallel import checks
+from labsupport.data_parallel import checks, ddp
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

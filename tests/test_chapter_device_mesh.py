@@ -8,8 +8,7 @@ import cloudpickle
 import pytest
 
 import labsupport as ls
-from labsupport.device_mesh import mesh
-from labsupport.device_mesh import checks
+from labsupport.device_mesh import checks, mesh
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import labsupport as ls
-from labsupport.expert_parallel import moe
-from labsupport.expert_parallel import checks
+from labsupport.expert_parallel import checks, moe
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "09_expert_parallel.ipynb"

@@ -1,5 +1,6 @@
 # Run: .venv/bin/python -m pytest tests/test_chapter_memory.py
-"""Chapter 0's your-turn checks (grading.chapters.memory) pass the reference and fail plausible wrong answers."""
+"""Chapter 0's your-turn checks (memory.checks) pass the reference and fail plausible wrong
+answers."""
 import pytest
 import torch
 

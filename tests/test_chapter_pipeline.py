@@ -12,9 +12,8 @@ import pytest
 
 import labsupport as ls
 from labsupport import timeline
-from labsupport.pipeline import pipeline
+from labsupport.pipeline import checks, pipeline
 from labsupport.pipeline import sim as pipeline_sim
-from labsupport.pipeline import checks
 
 
 def stub(*args):

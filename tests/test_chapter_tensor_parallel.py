@@ -1,4 +1,5 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_chapter_tensor_parallel.py
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest \
+#   tests/test_chapter_tensor_parallel.py
 """labsupport.tensor_parallel.checks's check behind chapter 4's SP your-turn.
 
 On 2 and 4 ranks: the chapter's own ``ShardSavingLinear`` (read from its
@@ -18,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import labsupport as ls
-from labsupport.tensor_parallel import tensor_parallel as tp
 from labsupport.tensor_parallel import checks
+from labsupport.tensor_parallel import tensor_parallel as tp
 from nbtools import ROOT, notebook_definitions
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

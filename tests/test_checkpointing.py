@@ -1,5 +1,6 @@
 # Run: .venv/bin/python -m pytest tests/test_checkpointing.py
-"""labsupport.memory.checkpointing: the memory chapter's checkpointed forward, and its notebook copy."""
+"""labsupport.memory.checkpointing: the memory chapter's checkpointed forward, and its
+notebook copy."""
 
 import pytest
 import torch
@@ -8,7 +9,6 @@ from labsupport import models
 from labsupport.memory import checkpointing
 from labsupport.memory import tally as memory
 from nbtools import assert_lesson_copy
-
 
 
 @pytest.fixture(scope="module")

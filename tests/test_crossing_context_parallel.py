@@ -1,4 +1,5 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_crossing_context_parallel.py
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest \
+#   tests/test_crossing_context_parallel.py
 """labsupport.context_parallel.crossing, chapter 6's time beside bytes: the two
 curves, the crossing, the formula's from an independent link, the speed-ups
 and their bound read from given timelines (exact), then the small sweep on 2
@@ -7,8 +8,8 @@ ranks (its shape; no speed asserted: the speed-up is the benchmark's,
 import pytest
 
 import labsupport as ls
-from labsupport.context_parallel import crossing
 from labsupport.bench import overlap as overlap_bench
+from labsupport.context_parallel import crossing
 from labsupport.context_parallel import crossing as cp
 
 SIZES = [16, 64, 256, 1024]

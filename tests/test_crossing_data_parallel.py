@@ -6,8 +6,8 @@ import pytest
 
 import labsupport as ls
 from labsupport import overlap
-from labsupport.data_parallel import crossing
 from labsupport.bench import overlap as overlap_bench
+from labsupport.data_parallel import crossing
 from labsupport.data_parallel import crossing as data_parallel
 
 TOKENS = [4, 32, 256, 2048]

@@ -6,8 +6,8 @@ import pytest
 
 import labsupport as ls
 from labsupport import overlap
-from labsupport.device_mesh import crossing
 from labsupport.bench import overlap as overlap_bench
+from labsupport.device_mesh import crossing
 from labsupport.device_mesh import crossing as device_mesh
 
 TOKENS = [64, 256, 1024, 4096]

@@ -7,9 +7,9 @@ benchmark's, ``python -m labsupport.bench overlap``)."""
 import pytest
 
 import labsupport as ls
-from labsupport.expert_parallel import crossing
-from labsupport.bench import overlap as overlap_bench
 from labsupport import overlap
+from labsupport.bench import overlap as overlap_bench
+from labsupport.expert_parallel import crossing
 from labsupport.expert_parallel import crossing as ep
 
 FFNS, TOKENS = [16, 64, 256, 1024], 512
@@ -58,7 +58,7 @@ def test_the_least_waiting_rank_is_taken_call_by_call():
 def test_the_small_sweep_on_two_ranks():
     assert overlap_bench.SWEEPS[9] is crossing
     try:
-        c = crossing.sweep(small=True)      
+        c = crossing.sweep(small=True)
     finally:
         ls.shutdown()
     assert c.sizes == ep.SIZES[True]["ffns"]

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 import labsupport as ls
-from labsupport import overlap
-from labsupport.pipeline import crossing
 from labsupport.bench import overlap as overlap_bench
+from labsupport.pipeline import crossing
 from labsupport.pipeline import crossing as pipeline
 
 HIDDEN = [32, 256, 1024, 4096]

@@ -1,12 +1,13 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_crossing_tensor_parallel.py
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest \
+#   tests/test_crossing_tensor_parallel.py
 """labsupport.tensor_parallel.crossing, chapter 4's time beside bytes: the crossing found
 from given times (exact), then the small sweep on 2 ranks (its shape; no speed asserted:
 the ratio is the benchmark's, ``python -m labsupport.bench overlap``)."""
 import pytest
 
 import labsupport as ls
-from labsupport.tensor_parallel import crossing
 from labsupport.bench import overlap as overlap_bench
+from labsupport.tensor_parallel import crossing
 from labsupport.tensor_parallel import crossing as tp_crossing
 
 HIDDENS = [16, 64, 256, 1024]

@@ -1,4 +1,5 @@
-"""Chapter 3's data-parallel versions (labsupport.data_parallel.ddp) and probe: parity, counts, errors, notebook copy.
+"""Chapter 3's data-parallel versions (labsupport.data_parallel.ddp) and probe: parity,
+counts, errors, notebook copy.
 
 Run: .venv/bin/python -m pytest tests/test_ddp.py
 """
@@ -180,7 +181,8 @@ def test_every_version_trains_like_one_process_on_the_full_batch(world_size):
     for name, by_rank in results.items():
         assert len(by_rank) == world_size
         for rank, params in enumerate(by_rank):
-            torch.testing.assert_close(params, ref, **TOL, msg=lambda m: f"{name}, rank {rank}: {m}")
+            torch.testing.assert_close(params, ref, **TOL,
+                                       msg=lambda m, n=name, r=rank: f"{n}, rank {r}: {m}")
     for name in versions:  # the optimised versions against the starting point, too
         for params, naive in zip(results[name], results["naive"]):
             torch.testing.assert_close(params, naive, **TOL)
@@ -192,7 +194,7 @@ def test_gradient_accumulation_with_no_sync_trains_like_one_process(world_size):
     versions = {"overlap": ddp.DataParallelOverlap, "bucket": bucketed(2048), "DDP": TorchDDP}
     for name, by_rank in run_all(world_size, versions, micro_batches=2).items():
         for params in by_rank:
-            torch.testing.assert_close(params, ref, **TOL, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(params, ref, **TOL, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_a_single_rank_is_plain_training():
@@ -288,12 +290,14 @@ def test_profile_records_backward_segments_and_comm_spans_on_every_rank():
 
 def test_watch_all_reduce_logs_sync_and_async_calls_and_restores_dist():
     def watch():
-        tl, before = timeline.Timeline(), (dist.all_reduce, torch.distributed.distributed_c10d.all_reduce)
+        tl = timeline.Timeline()
+        before = (dist.all_reduce, torch.distributed.distributed_c10d.all_reduce)
         with ddp_probe.watch_all_reduce(tl) as log:
             dist.all_reduce(torch.ones(4))
             dist.all_reduce(torch.ones(2, dtype=torch.float64), async_op=True).wait()
         restored = (dist.all_reduce, torch.distributed.distributed_c10d.all_reduce) == before
-        return log.count, log.nbytes, len(tl.events), restored, all(c["end"] >= c["start"] for c in log.calls)
+        ordered = all(c["end"] >= c["start"] for c in log.calls)
+        return log.count, log.nbytes, len(tl.events), restored, ordered
 
     assert ls.run(watch, world_size=2) == [(2, 32, 2, True, True)] * 2
 
@@ -359,7 +363,8 @@ def test_the_step_time_table_is_masked_for_nbval_and_nothing_else():
 
     assert sanitize("  naive       3.93x DDP, took 38.3 ms") == \
         sanitize("  naive       12.50x DDP, took 9.1 ms")
-    for kept in ("naive       18  1,884,192", "N = 4: DDP fp16 sends 1,416,600 bytes", "bucket 2x"):
+    for kept in ("naive       18  1,884,192", "N = 4: DDP fp16 sends 1,416,600 bytes",
+                 "bucket 2x"):
         assert sanitize(kept) == kept
 
 

@@ -70,7 +70,8 @@ def test_everything_fine_on_two_gpus_checks_nccl_too():
     ok, checks, text, probe = run(facts=H100S)
     assert ok and text.splitlines()[-1] == "verdict: ready - the labs run here."
     assert probe.calls == [(2, "gloo"), (2, "nccl")]
-    assert "2 visible: NVIDIA H100, NVIDIA H100 (CUDA_VISIBLE_DEVICES='2,3')" in checks["GPUs"].value
+    assert ("2 visible: NVIDIA H100, NVIDIA H100 (CUDA_VISIBLE_DEVICES='2,3')"
+            in checks["GPUs"].value)
     assert checks["NCCL"].value == "2.28.9"
 
 

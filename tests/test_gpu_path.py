@@ -32,13 +32,13 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
+from grading_rings import ring_all_reduce
 from labsupport import models, timing
 from labsupport.data_parallel import ddp
 from labsupport.data_parallel import probe as ddp_probe
+from labsupport.launch import cluster as cluster_module
+from labsupport.launch import forkserver, limits, placement, rank_main, session, torchrun
 from labsupport.pipeline import pipeline
-from labsupport.launch import cluster as cluster_module, forkserver, limits, placement, \
-    rank_main, session, torchrun
-from grading_rings import ring_all_reduce
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -347,7 +347,8 @@ def probes_time_the_device():
         x, y = models.toy_regression(8, 4, 2, seed=1)
         x4, y4 = models.toy_regression(4, 8, 4, seed=1)
         return {
-            "ddp_probe": devices(ddp_probe.profile_steps, lambda: models.DeepMLP(4, 8, 2, 2, seed=0),
+            "ddp_probe": devices(ddp_probe.profile_steps,
+                                 lambda: models.DeepMLP(4, 8, 2, 2, seed=0),
                                  ddp.DataParallelNaive, x, y, steps=1, warmup=0),
             "pipeline": devices(pipeline.run_step, pipeline.train_step_1f1b, x4, y4, 2, 1,
                                 dict(d_in=8, width=16, depth=3, d_out=4, seed=0)),
@@ -395,11 +396,13 @@ HOST_CLOCKS = {
     "calls._new": "a call's host-side stamps (NCCL's end when queued: calls.py says so); "
                   "timing.CallClock times calls on the device",
     "calls._ended": "the same",
-    "data_parallel.probe.GradReadyProbe.start": "the backward's segments, host-side by design: a wait "
-                                      "for the GPU in a gradient hook would undo the overlap",
+    "data_parallel.probe.GradReadyProbe.start":
+        "the backward's segments, host-side by design: a wait for the GPU in a gradient hook "
+        "would undo the overlap",
     "data_parallel.probe.GradReadyProbe._ready": "the same",
-    "context_parallel.ring_attention.ring_forward": "when a K/V transfer is posted (its span ends on the "
-                                   "timeline's device clock, record_since)",
+    "context_parallel.ring_attention.ring_forward":
+        "when a K/V transfer is posted (its span ends on the timeline's device clock, "
+        "record_since)",
     "overlap.median_seconds": "waits for the GPU itself (torch.cuda.synchronize)",
     "sweep._timed": "each call it times waits for its device (sweep's run_once: timing.sync)",
     "doctor.start_and_allreduce": "start-up time, and an all-reduce that waits for the GPU",

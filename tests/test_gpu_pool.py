@@ -136,7 +136,8 @@ def fake_cuda(monkeypatch):
     """torch sees as many GPUs as CUDA_VISIBLE_DEVICES lists, as the CUDA runtime does."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count",
-                        lambda: len([g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g]))
+                        lambda: len([g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",")
+                                     if g]))
 
 
 def test_labsupport_puts_a_users_ranks_on_the_gpus_the_pool_left_visible(monkeypatch):

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-import grading_zero_bubble_pipeline_cases as a3_cases
 import grades_under_load
+import grading_zero_bubble_pipeline_cases as a3_cases
 from labsupport.grading import zero_bubble_pipeline as g3
 from labsupport.launch.limits import GRADING_CEILING_FACTOR
 

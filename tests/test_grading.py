@@ -13,14 +13,26 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport import p2p_log
-from labsupport.launch import limits
 from failing import fails, stopped_as_a_stall
 from grading_rings import (
-    all_reduce_inside, batched_reduce_scatter, chunk_reduce_scatter, direct_all_gather,
-    endless, exchange, not_written_yet, raises_on_rank_1, rank0_silent_all_gather,
-    ring_all_gather, ring_all_reduce, ring_reduce_scatter, send_first_reduce_scatter,
-    unwaited_recv_reduce_scatter, whole_buffer_all_reduce)
+    all_reduce_inside,
+    batched_reduce_scatter,
+    chunk_reduce_scatter,
+    direct_all_gather,
+    endless,
+    exchange,
+    not_written_yet,
+    raises_on_rank_1,
+    rank0_silent_all_gather,
+    ring_all_gather,
+    ring_all_reduce,
+    ring_reduce_scatter,
+    send_first_reduce_scatter,
+    unwaited_recv_reduce_scatter,
+    whole_buffer_all_reduce,
+)
+from labsupport import p2p_log
+from labsupport.launch import limits
 
 SHORT = 2.0  # s, deadline of the unit tests that deadlock on purpose
 

@@ -1,4 +1,5 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_hybrid_sharded_dp.py
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest \
+#   tests/test_grading_hybrid_sharded_dp.py
 # (add -m "not slow" for the checks alone)
 """Graded assignment 4 (HSDP on ranks placed on nodes): labsupport.grading.hybrid_sharded_dp,
 then nbgrader.
@@ -15,13 +16,11 @@ temporary course directory, with eight submissions whose scores are known.
 """
 import time
 
-import pytest
-
 import labsupport.grading.hybrid_sharded_dp as gh
 import sources
+from failing import fails, stopped_as_a_stall
 from labsupport.grading.hybrid_sharded_dp import placement
 from nbgrader_run import TimedRoundTrip
-from failing import fails, stopped_as_a_stall
 
 ASSIGNMENT = "hybrid_sharded_dp"
 SHORT = 3.0  # s, deadline of the unit test that deadlocks on purpose

@@ -1,4 +1,5 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_padded_expert_dispatch.py   (add -m "not slow": the checks alone)
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest \
+#   tests/test_grading_padded_expert_dispatch.py   (add -m "not slow": the checks alone)
 """Assignment 7 (the capacity-padded expert-parallel dispatch): its checks, then nbgrader.
 
 Layer 1 (unit): labsupport.grading.padded_expert_dispatch's checks pass the
@@ -21,8 +22,8 @@ import pytest
 import grading_padded_expert_dispatch_cases as cases
 import labsupport.grading.padded_expert_dispatch as gp
 import sources
-from nbgrader_run import RoundTrip
 from failing import fails, stopped_as_a_stall
+from nbgrader_run import RoundTrip
 
 ASSIGNMENT = "padded_expert_dispatch"
 SOLUTION = "padded_moe"  # grade_id of the solution cell

@@ -1,11 +1,13 @@
-# Run: .venv/bin/python -m pytest tests/test_grading_rabenseifner_allreduce.py   (~2 min; -m "not slow": ~20 s)
+# Run: .venv/bin/python -m pytest \
+#   tests/test_grading_rabenseifner_allreduce.py   (~2 min; -m "not slow": ~20 s)
 """Assignment 1 (Rabenseifner's all-reduce): its checks, then the real nbgrader pipeline.
 
 Layer 1 (unit): ``labsupport.grading.rabenseifner_allreduce`` counts rounds and
-bytes; the reference (the source notebook's, ``sources.reference``) passes every check, chapter 2's ring passes all but the rounds,
-an all-to-all fails the bytes, a deadlock ends at the deadline. Layer 4
-(slow): `nbgrader generate_assignment`, `autograde` and `export` on five
-submissions whose scores, per test cell and in the exported CSV, are known.
+bytes; the reference (the source notebook's, ``sources.reference``) passes every
+check, chapter 2's ring passes all but the rounds, an all-to-all fails the bytes, a
+deadlock ends at the deadline. Layer 4 (slow): `nbgrader generate_assignment`,
+`autograde` and `export` on five submissions whose scores, per test cell and in the
+exported CSV, are known.
 """
 import inspect
 import textwrap
@@ -14,13 +16,13 @@ import time
 import pytest
 import torch.distributed as dist
 
-import labsupport as ls
-from labsupport.grading import rabenseifner_allreduce as gr
 import grading_rabenseifner_allreduce_cases as fns
+import labsupport as ls
 import sources
-from grading_rings import direct_all_gather, ring_all_reduce
-from nbgrader_run import TimedRoundTrip
 from failing import fails, stopped_as_a_stall
+from grading_rings import direct_all_gather, ring_all_reduce
+from labsupport.grading import rabenseifner_allreduce as gr
+from nbgrader_run import TimedRoundTrip
 
 ASSIGNMENT = "rabenseifner_allreduce"
 ref = sources.reference(ASSIGNMENT)

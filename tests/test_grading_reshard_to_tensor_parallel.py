@@ -1,4 +1,5 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_reshard_to_tensor_parallel.py
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest \
+#   tests/test_grading_reshard_to_tensor_parallel.py
 # (add -m "not slow" for the checks alone)
 """Graded assignment 8 (a ZeRO-3 checkpoint loaded as TP shards): its checks, then nbgrader.
 
@@ -18,13 +19,11 @@ import inspect
 import re
 import time
 
-import pytest
-
 import grading_reshard_to_tensor_parallel_cases as cases
 import labsupport.grading.reshard_to_tensor_parallel as gr
 import sources
-from nbgrader_run import RoundTrip
 from failing import fails, stopped_as_a_stall
+from nbgrader_run import RoundTrip
 
 ASSIGNMENT = "reshard_to_tensor_parallel"
 SOLUTION = "load_tp_shard"  # grade_id of the solution cell

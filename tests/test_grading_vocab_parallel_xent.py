@@ -1,4 +1,5 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_vocab_parallel_xent.py
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest \
+#   tests/test_grading_vocab_parallel_xent.py
 # (add -m "not slow" for the checks alone, ~10 s)
 """Graded assignment 2 (vocab-parallel cross-entropy): its grader's checks, then nbgrader.
 
@@ -17,8 +18,8 @@ import pytest
 import grading_vocab_parallel_xent_cases as cases
 import labsupport.grading.vocab_parallel_xent as gx
 import sources
-from nbgrader_run import RoundTrip
 from failing import fails, stopped_as_a_stall
+from nbgrader_run import RoundTrip
 
 ASSIGNMENT = "vocab_parallel_xent"
 REFERENCE = sources.reference(ASSIGNMENT).VocabParallelCrossEntropy

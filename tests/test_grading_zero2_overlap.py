@@ -13,13 +13,11 @@ deadlock), scores checked per cell.
 """
 import time
 
-import pytest
-
 import labsupport.grading.zero2_overlap as gz
 import sources
+from failing import fails, stopped_as_a_stall
 from labsupport import grading
 from nbgrader_run import RoundTrip
-from failing import fails, stopped_as_a_stall
 
 ASSIGNMENT = "zero2_overlap"
 SHORT = 3.0   # s, deadline of the unit test that deadlocks on purpose

@@ -1,4 +1,5 @@
-# Run: .venv/bin/python -m pytest tests/test_grading_zero_bubble_pipeline.py   (~1 min; -m "not slow": ~15 s)
+# Run: .venv/bin/python -m pytest \
+#   tests/test_grading_zero_bubble_pipeline.py   (~1 min; -m "not slow": ~15 s)
 """Assignment 3 (the zero-bubble schedule ZB-H1): its checks, then the real nbgrader pipeline.
 
 Layer 1 (unit): ``labsupport.grading.zero_bubble_pipeline`` on the
@@ -15,14 +16,14 @@ import time
 
 import pytest
 
-from labsupport import timeline
-from labsupport.pipeline import pipeline
-from labsupport.pipeline import sim as pipeline_sim
-from labsupport.grading import zero_bubble_pipeline as gz
 import grading_zero_bubble_pipeline_cases as fns
 import sources
-from nbgrader_run import TimedRoundTrip, autograded, cell_seconds
 from failing import fails, stopped_as_a_stall
+from labsupport import timeline
+from labsupport.grading import zero_bubble_pipeline as gz
+from labsupport.pipeline import pipeline
+from labsupport.pipeline import sim as pipeline_sim
+from nbgrader_run import TimedRoundTrip, autograded, cell_seconds
 
 ASSIGNMENT = "zero_bubble_pipeline"
 ref = sources.reference(ASSIGNMENT)
@@ -107,7 +108,7 @@ def test_w_at_once_idles_more_than_the_limit(p, m, idle):
 def test_the_recorded_messages_are_what_is_played():
     """The right order, but rank 0's first B recorded waiting for the dL/dx of
     micro-batch 1: that B, and all after it, start later."""
-    ops, p, m = order(ref.train_step_zb_h1, 2, 4), 2, 4
+    ops, m = order(ref.train_step_zb_h1, 2, 4), 4
     waits = messages(ops)
     waits["B", 0, 0] = [("B", 1, 1)]
     events = gz.logical_events(ops, waits)

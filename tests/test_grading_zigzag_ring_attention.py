@@ -1,23 +1,30 @@
-# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_grading_zigzag_ring_attention.py   (add -m "not slow": the checks alone)
+# Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest \
+#   tests/test_grading_zigzag_ring_attention.py   (add -m "not slow": the checks alone)
 """Assignment 6 (zig-zag ring attention): its checks, then the real nbgrader pipeline.
 
 Layer 1 (unit): labsupport.grading.zigzag_ring_attention's checks pass the
-reference (the source notebook's, ``sources.reference``) and fail each plausible wrong one with the message that tells
-the student what to fix (a contiguous layout is right but unbalanced; a
-wrong merge; q sent too; a collective; a deadlock ends at the deadline).
+reference (the source notebook's, ``sources.reference``) and fail each plausible
+wrong one with the message that tells the student what to fix (a contiguous layout
+is right but unbalanced; a wrong merge; q sent too; a collective; a deadlock ends at the deadline).
 Layer 4 (slow): `nbgrader generate_assignment`, `autograde` and `export` on
 the assignment with five submissions whose scores per test cell are known.
 """
 
-import pytest
 
 import labsupport as ls
 import sources
-from grading_zigzag_ring_attention_cases import (
-    all_gather_attention, blocking_attention, contiguous_positions, contiguous_ring_attention,
-    overlapping_positions, sends_q_too_attention, wrong_merge_attention, zigzag_positions)
-from nbgrader_run import RoundTrip
 from failing import fails
+from grading_zigzag_ring_attention_cases import (
+    all_gather_attention,
+    blocking_attention,
+    contiguous_positions,
+    contiguous_ring_attention,
+    overlapping_positions,
+    sends_q_too_attention,
+    wrong_merge_attention,
+    zigzag_positions,
+)
+from nbgrader_run import RoundTrip
 
 ASSIGNMENT = "zigzag_ring_attention"
 SHORT = 2.0  # s, deadline of the unit test that deadlocks on purpose
@@ -105,7 +112,8 @@ def zigzag_ring_attention(q, k, v):
         kv = incoming
     return out
 '''.strip()
-AVERAGE = "def average_merge(out, lse, o, l):\n    return (out + o) / 2, torch.logaddexp(lse, l)\n\n\n"
+AVERAGE = ("def average_merge(out, lse, o, l):\n"
+           "    return (out + o) / 2, torch.logaddexp(lse, l)\n\n\n")
 SENDS = ("requests = dist.batch_isend_irecv([\n"
          "                dist.P2POp(dist.isend, kv, (rank + 1) % world_size),\n"
          "                dist.P2POp(dist.irecv, incoming, (rank - 1) % world_size)])")

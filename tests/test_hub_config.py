@@ -29,8 +29,8 @@ import gpu_pool  # noqa: E402
 import hub_settings  # noqa: E402
 import private_sources  # noqa: E402
 import sandbox_kernel  # noqa: E402
-import uid_processes  # noqa: E402
 import systemdspawner.systemd as systemd  # noqa: E402
+import uid_processes  # noqa: E402
 
 
 def refusals(monkeypatch, euid=0, **environ):
@@ -243,8 +243,10 @@ def test_the_systemd_unit_fences_gpus_and_limits_with_the_pinned_spawner(monkeyp
 
 
 def test_gpu_device_files_come_from_the_driver_by_uuid_or_pci_order(tmp_path):
-    driver = fake_driver(tmp_path, [("0000:af:00.0", "GPU-bbb", 0), ("0000:3b:00.0", "GPU-aaa", 7)])
-    assert gpu_pool.device_nodes(["GPU-bbb", "GPU-aaa"], driver) == ["/dev/nvidia0", "/dev/nvidia7"]
+    driver = fake_driver(tmp_path, [("0000:af:00.0", "GPU-bbb", 0),
+                                    ("0000:3b:00.0", "GPU-aaa", 7)])
+    assert gpu_pool.device_nodes(["GPU-bbb", "GPU-aaa"], driver) == ["/dev/nvidia0",
+                                                                     "/dev/nvidia7"]
     assert gpu_pool.device_nodes(["0", "1"], driver) == ["/dev/nvidia7", "/dev/nvidia0"]
     with pytest.raises(ValueError, match="'GPU-ccc' is not one of the 2 GPUs"):
         gpu_pool.device_nodes(["GPU-ccc"], driver)

@@ -31,7 +31,8 @@ def test_the_proxy_checks_the_address_it_is_finally_given():
     with pytest.raises(SystemExit, match="command-line options included:\n.*"
                        "trial mode listens on loopback only, not http://0.0.0.0:8000/"):
         course_proxy.CourseProxy(public_url="http://0.0.0.0:8000/", hub=hub, course_mode="trial")
-    with pytest.raises(SystemExit, match="http://0.0.0.0:443/ is not loopback: set COURSE_HUB_SSL"):
+    with pytest.raises(SystemExit,
+                       match="http://0.0.0.0:443/ is not loopback: set COURSE_HUB_SSL"):
         course_proxy.CourseProxy(public_url="http://0.0.0.0:443/", hub=hub)  # class mode
     course_proxy.CourseProxy(public_url="https://0.0.0.0:443/", hub=hub, ssl_cert="c", ssl_key="k")
     course_proxy.CourseProxy(public_url="http://127.0.0.1:8000/", hub=hub, course_mode="trial")
@@ -109,7 +110,8 @@ def test_a_stand_in_student_tries_to_read_them():
             os.chmod(folder, 0o755 if folder.is_dir() else 0o644)
         nobody = hub_settings.NOBODY
         assert private_sources.readable(nobody, nobody, clone) == {
-            str(clone / "notebooks/assignments"): str(clone / "notebooks/assignments/source/a/a.ipynb"),
+            str(clone / "notebooks/assignments"):
+                str(clone / "notebooks/assignments/source/a/a.ipynb"),
             str(clone / ".git"): str(clone / ".git/HEAD")}
         os.chmod(clone / "notebooks/assignments", 0o700)
         os.chmod(clone / ".git/HEAD", 0o600)

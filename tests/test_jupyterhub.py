@@ -56,19 +56,28 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import nbformat
+import private_sources  # deploy/, on the path through hub_class_env
 import psutil
 import pytest
 import requests
 
 import hub_attacks
 from hub_class_env import ROOT, TemporaryClass, uid_processes
-from hub_client import (CONFIG, PROXY, Hub, HubProcess, LoginRefused, free_port, last_json,
-                        login_form, token_of)
-import private_sources  # deploy/, on the path through hub_class_env
+from hub_client import (
+    CONFIG,
+    PROXY,
+    Hub,
+    HubProcess,
+    LoginRefused,
+    free_port,
+    last_json,
+    login_form,
+    token_of,
+)
 
 pytestmark = pytest.mark.slow
 ASSIGNMENTS = ROOT / "notebooks" / "assignments"
@@ -217,14 +226,15 @@ def with_log(hub, fn, *args):
 def test_logins_go_through_pam_and_only_the_class_groups_get_in(hub, klass, people):
     refused = {"an outsider with his own password": ("mallory", None),
                "a student with a wrong password": ("bob", "not-the-password")}
-    for what, (short, password) in refused.items():
+    for short, password in refused.values():
         account = klass.accounts[short]
         with pytest.raises(LoginRefused, match="403"):
             login_form(hub.url, account.name, password or account.password)
     admin = {}
     for short in ("alice", "ian"):
+        token = people[short].token
         reply = people[short].browser.get(hub.url + "hub/api/user", timeout=60,
-                                          headers={"Authorization": f"token {people[short].token}"})
+                                          headers={"Authorization": f"token {token}"})
         admin[short] = reply.json()["admin"]
     assert admin == {"alice": False, "ian": True}, "the instructors' group, and only it, is admin"
     assert "Trial mode" not in people["alice"].browser.get(hub.url + "hub/login").text
@@ -332,7 +342,8 @@ def secrets_of(hub, klass, bob_kernel):
     proxy, = [p for p in own if "configurable-http-proxy" in " ".join(p.cmdline())]
     connection = json.loads(Path(connection_file(bob_kernel)).read_text())
     return {"the proxy's token": proxy.environ()["CONFIGPROXY_AUTH_TOKEN"],
-            "the cookie secret": (klass.base / "state/jupyterhub_cookie_secret").read_text().strip(),
+            "the cookie secret":
+                (klass.base / "state/jupyterhub_cookie_secret").read_text().strip(),
             "B's API token": psutil.Process(bob_kernel).environ()["JUPYTERHUB_API_TOKEN"],
             "B's kernel key": connection["key"]}, [hub_proc.pid, *[p.pid for p in own]]
 
@@ -416,7 +427,8 @@ def check_git_denied(verdicts, git):
 def check_owner_gets_in(targets, bob_token, proxy_token):
     """The URLs alice is denied work for their owner: her 403s and 404s mean "not
     yours", not a wrong address."""
-    for url, token in ((targets["server_direct"], bob_token), (targets["server_proxied"], bob_token),
+    for url, token in ((targets["server_direct"], bob_token),
+                       (targets["server_proxied"], bob_token),
                        (targets["hub_user"], bob_token), (targets["proxy_api"], proxy_token)):
         reply = requests.get(url, headers={"Authorization": f"token {token}"}, timeout=60)
         assert reply.status_code == 200, f"{url} with its owner's token: HTTP {reply.status_code}"
@@ -522,7 +534,8 @@ async def grading(hub_url, klass, people, servers):
     said = instructor(*grade, "autograde", "tiny", "--course-dir", str(course),
                       "--sandbox-user", klass.accounts["sandbox"].name, "--memory", str(memory),
                       "--processes", str(processes), "--deadline", "300", *options, cwd=course)
-    missing = [p for w, p in targets["files"].items() if "planted" not in w and not Path(p).exists()]
+    missing = [p for w, p in targets["files"].items()
+               if "planted" not in w and not Path(p).exists()]
     assert not missing, f"a denial must not mean a wrong path: {missing}"
     check_graded(course, klass, people, said, marker, planted)
 
@@ -562,7 +575,7 @@ def test_a_restarted_hub_lends_no_gpu_twice_and_idle_servers_are_culled(loop, hu
 
 
 async def mark_active(hub, api, names):
-    now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
     for name in names:
         await api.api("POST", f"hub/api/users/{name}/activity", hub.token,
                       body={"last_activity": now, "servers": {"": {"last_activity": now}}})

@@ -51,11 +51,13 @@ def test_world_size_one_works():
         assert c.run(lambda: (dist.get_rank(), dist.get_world_size())) == [(0, 1)]
 
 
-def test_ranks_use_the_kernels_interpreter_environment_and_directory(cluster, monkeypatch, tmp_path):
+def test_ranks_use_the_kernels_interpreter_environment_and_directory(cluster, monkeypatch,
+                                                                     tmp_path):
     monkeypatch.setenv("LABSUPPORT_TEST_VALUE", "42")
     monkeypatch.chdir(tmp_path)
     cluster.restart()  # the environment is taken at start
-    info = cluster.run(lambda: (sys.executable, os.environ.get("LABSUPPORT_TEST_VALUE"), os.getcwd(),
+    info = cluster.run(lambda: (sys.executable, os.environ.get("LABSUPPORT_TEST_VALUE"),
+                                os.getcwd(),
                                 os.environ["RANK"], os.environ["WORLD_SIZE"]))
     assert info == [(sys.executable, "42", str(tmp_path), str(r), "2") for r in range(2)]
 
@@ -136,7 +138,8 @@ def test_unknown_backend_and_nccl_without_gpus_are_refused_clearly():
     with pytest.raises(ValueError, match="unknown backend 'mpi'.*'auto', 'gloo', 'nccl'"):
         ls.start(world_size=2, backend="mpi")
     too_many = placement.visible_gpus() + 1
-    with pytest.raises(ValueError, match=f"needs one GPU per rank: world_size={too_many}.*backend='gloo'"):
+    with pytest.raises(ValueError,
+                       match=f"needs one GPU per rank: world_size={too_many}.*backend='gloo'"):
         ls.start(world_size=too_many, backend="nccl")
 
 
@@ -196,7 +199,8 @@ def test_a_failed_start_is_one_clear_error_and_leaves_nothing_behind(monkeypatch
     from labsupport.launch import forkserver
     ls.shutdown()
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface0")  # gloo cannot start
-    with pytest.raises(ls.RankError, match="ranks 0, 1 raised RuntimeError.*no-such-interface0") as info:
+    with pytest.raises(ls.RankError,
+                       match="ranks 0, 1 raised RuntimeError.*no-such-interface0") as info:
         ls.start(world_size=2)
     assert "fresh group" not in str(info.value)
     assert ls.current() is None

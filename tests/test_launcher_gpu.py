@@ -77,5 +77,6 @@ def test_placement_on_a_machine_with_four_gpus(monkeypatch):
     too_many = placement.place(5)
     assert too_many.backend == "gloo" and too_many.devices == ("cpu",) * 5
     assert too_many.notice == "labsupport: ranks run on gloo (CPU): only 4 GPU(s) visible"
-    with pytest.raises(ValueError, match=r"world_size=5 but 4 GPU\(s\) visible .*use world_size<=4, or use backend='gloo'"):
+    with pytest.raises(ValueError, match=r"world_size=5 but 4 GPU\(s\) visible "
+                                         r".*use world_size<=4, or use backend='gloo'"):
         placement.place(5, backend="nccl")

@@ -72,7 +72,8 @@ def test_the_process_server_and_ranks_are_out_of_reach_of_the_kernels_group_sign
     cluster = ls.start(world_size=2)
     server_pid = forkserver.get().pid
     for pid in [server_pid] + cluster.pids:
-        assert os.getpgid(pid) != os.getpgid(0), "Jupyter's SIGINT to the kernel's group must not hit it"
+        assert os.getpgid(pid) != os.getpgid(0), (
+            "Jupyter's SIGINT to the kernel's group must not hit it")
         assert os.getsid(pid) == server_pid
     ls.shutdown()
 
@@ -84,7 +85,8 @@ def test_cleanup_touches_only_this_groups_processes(tmp_path):
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     neighbour = subprocess.Popen(
         [sys.executable, "-c", "import labsupport as ls, time, sys, os\n"
-         "c = ls.start(world_size=2, backend='gloo')\nprint(' '.join(map(str, c.pids)), flush=True)\n"
+         "c = ls.start(world_size=2, backend='gloo')\n"
+         "print(' '.join(map(str, c.pids)), flush=True)\n"
          f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
          "print(c.run(lambda: 5), flush=True)"], stdout=subprocess.PIPE, text=True)
     try:

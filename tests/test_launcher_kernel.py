@@ -37,7 +37,8 @@ class Kernel:
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         reply = self.kc.get_shell_msg(timeout=timeout)
-        return reply["content"]["status"], "".join(stdout), "".join(stderr), ename, time.monotonic() - t0
+        return (reply["content"]["status"], "".join(stdout), "".join(stderr), ename,
+                time.monotonic() - t0)
 
     def value(self, expr):
         status, out, err, _, _ = self.execute(f"print(repr({expr}))")
@@ -67,7 +68,8 @@ def kernel():
 def wait_gone(pids, limit=5.0):
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        alive = [p for p in pids
+                 if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
         if not alive:
             return []
         time.sleep(0.05)
@@ -76,7 +78,8 @@ def wait_gone(pids, limit=5.0):
 
 def test_interrupt_stops_the_ranks_within_5s_and_the_kernel_stays_usable(kernel):
     old = kernel.value("cluster.pids")
-    kernel.kc.execute("cluster.run(lambda: dist.barrier() if dist.get_rank() else time.sleep(600))")
+    kernel.kc.execute("cluster.run(lambda: dist.barrier() if dist.get_rank() "
+                      "else time.sleep(600))")
     time.sleep(1.5)  # let the run start
     t0 = time.monotonic()
     kernel.km.interrupt_kernel()
@@ -95,7 +98,8 @@ def test_interrupt_stops_the_ranks_within_5s_and_the_kernel_stays_usable(kernel)
 def test_no_worker_outlives_its_kernel(how):
     k = Kernel()
     try:
-        status, _, err, _, _ = k.execute("import labsupport as ls\ncluster = ls.start(world_size=2)\n"
+        status, _, err, _, _ = k.execute("import labsupport as ls\n"
+                                         "cluster = ls.start(world_size=2)\n"
                                          "cluster.run(lambda: 0)")
         assert status == "ok", err
         pids = k.group_pids()
@@ -148,7 +152,8 @@ def test_a_failing_run_fails_the_cell_for_nbclient_papermill_and_nbval(tmp_path)
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python",
                                                            "display_name": "Python 3"}})
     nb.cells = [nbformat.v4.new_code_cell(c) for c in [
-        "import torch.distributed as dist\nimport labsupport as ls\ncluster = ls.start(world_size=2)",
+        "import torch.distributed as dist\nimport labsupport as ls\n"
+        "cluster = ls.start(world_size=2)",
         "def broken():\n    if dist.get_rank() == 1:\n        raise ValueError('bad rank')\n"
         "    dist.barrier()\ncluster.run(broken)",
         "print('never reached')",
@@ -166,7 +171,8 @@ def test_a_failing_run_fails_the_cell_for_nbclient_papermill_and_nbval(tmp_path)
 
 
 def test_ranks_magic_keeps_a_namespace_per_rank_and_returns_the_last_expression(kernel):
-    status, out, err, _, _ = kernel.execute("%%ranks\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\n")
+    status, out, err, _, _ = kernel.execute(
+        "%%ranks\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\n")
     assert status == "ok", err
     status, out, err, _, _ = kernel.execute("%%ranks\nprint(rank, world_size, device, x.item())\n"
                                             "x.item() * 2")

@@ -52,7 +52,7 @@ def test_ten_megabytes_of_prints_are_captured_whole(cluster, capfd):
 
     def flood():
         if dist.get_rank() == 1:
-            for i in range(100_000):
+            for _ in range(100_000):
                 print(line)
         dist.barrier()
         return "done"

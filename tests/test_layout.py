@@ -206,3 +206,40 @@ def test_old_attribute_and_from_imports_of_the_released_notebooks_work():
     assert namespace["held"].__name__ == "labsupport.checking.held"
     assert namespace["TIMEOUT"] == namespace["timeout"]
     assert namespace["run"] is namespace["checks"].run
+
+
+def test_every_folder_and_module_resolves_as_an_attribute_of_the_package():
+    """``ls.<topic>`` for every topic folder (``ls.capstone`` once raised AttributeError:
+    a hand-written list had forgotten it), and every grader as ``ls.grading.<name>``."""
+    import importlib
+
+    import labsupport as ls
+    folders = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert set(TOPICS) <= set(folders)
+    for name in folders:
+        assert getattr(ls, name) is importlib.import_module(f"labsupport.{name}"), name
+    graders = {p.stem if p.name != "__init__.py" else p.parent.name
+               for p in [*(PACKAGE / "grading").glob("*.py"),
+                         *(PACKAGE / "grading").glob("*/__init__.py")]} - {"__init__", "grading"}
+    for name in graders:
+        assert getattr(ls.grading, name).__name__ == f"labsupport.grading.{name}"
+
+
+def test_no_registry_names_a_missing_module():
+    """The tables that name modules by string: the package's and the graders' lazy
+    attributes, the old paths of ``_aliases`` and the benchmarks' names."""
+    import importlib.util
+
+    import labsupport as ls
+    from labsupport import _aliases
+    from labsupport.bench.__main__ import BENCHMARKS
+    named = ([f"labsupport.{n}" for n in ls._SUBMODULES]
+             + [f"labsupport.grading.{n}" for n in ls.grading._GRADERS]
+             + list(_aliases.OLD_PATHS.values()) + list(BENCHMARKS.values()))
+    missing = [n for n in named if importlib.util.find_spec(n) is None]
+    assert not missing, missing
+    # an old path is only an alias where no module of that name exists any more
+    assert not [old for old in _aliases.OLD_PATHS if old in MODULES]
+    # and an attribute that names nothing says so
+    with pytest.raises(AttributeError, match="chapters"):
+        _ = ls.grading.chapters

@@ -112,7 +112,8 @@ def test_saved_tensors_leaves_no_graph_behind_and_backward_agrees():
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="needs a CUDA GPU: compares the tally with the caching allocator")
 def test_peak_tally_agrees_with_torch_cuda_max_memory_allocated():
-    """The allocator also holds kernels' scratch space and rounds blocks: the tally is a bit lower."""
+    """The allocator also holds kernels' scratch space and rounds blocks: the tally is a bit
+    lower."""
     model = models.GPT(models.GPTConfig()).cuda()
     opt = torch.optim.AdamW(model.parameters())
     ids, targets = (t.cuda() for t in models.toy_tokens(8, 64, 256))

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from labsupport import models
-from labsupport.memory import tally as memory
 from labsupport.memory import calc as memory_calc
+from labsupport.memory import tally as memory
 
 
 def test_gpt_params_counts_the_shared_decoder():

@@ -19,12 +19,10 @@ import torch.distributed as dist
 
 import labsupport as ls
 from labsupport import calls, models, traffic
-from labsupport.memory import tally as memory
-from labsupport.memory import calc as memory_calc
-from labsupport.device_mesh import mesh
-from labsupport.device_mesh import planner
 from labsupport.context_parallel import ring_attention
-from labsupport.device_mesh import checks
+from labsupport.device_mesh import checks, mesh, planner
+from labsupport.memory import calc as memory_calc
+from labsupport.memory import tally as memory
 from labsupport.tensor_parallel.gpt import TensorParallelGPT
 from nbtools import NOTEBOOK_DIR, assert_lesson_copy
 
@@ -87,7 +85,7 @@ def test_hand_made_grid_equals_one_process(grid_run):
         _, tp_rank = mesh.grid_coords(rank, TP)
         for name, got in params.items():
             want = _slice(ref[name], got.shape, tp_rank)
-            torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(got, want, **TOL, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def _slice(full, shape, tp_rank):
@@ -102,7 +100,7 @@ def test_device_mesh_and_fsdp2_equal_one_process(cluster):
     for params in cluster.run(mesh.train_device_mesh, CFG, BATCHES, LR, DP, TP):
         assert set(params) == set(ref)
         for name, got in params.items():
-            torch.testing.assert_close(got, ref[name], **TOL, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(got, ref[name], **TOL, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_each_rank_talks_only_to_its_row_and_column(grid_run):
@@ -117,7 +115,7 @@ def test_bytes_per_group_match_the_formula(grid_run):
     b, s, h, v = BATCH // DP, CFG.seq_len, CFG.hidden, CFG.vocab_size
     tp_bytes = ((4 * CFG.layers + 2) * b * s * h + b * s * v) * 4   # fp32
     rows, columns = mesh.grid_ranks(DP, TP)
-    for rank, (params, log, local) in enumerate(grid_run):
+    for rank, (_, log, local) in enumerate(grid_run):
         dp_rank, tp_rank = mesh.grid_coords(rank, TP)
         by_group = log.bytes_by_group()
         assert by_group[tuple(rows[dp_rank])] == STEPS * tp_bytes
@@ -198,7 +196,8 @@ def test_the_3d_step_equals_one_process(dp, pp, tp):
         for name, got in params.items():
             want = ref[stage][name]
             want = want.chunk(tp, split[name])[tp_rank] if name in split else want
-            torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"rank {rank} {name}: {m}")
+            torch.testing.assert_close(got, want, **TOL,
+                                       msg=lambda m, r=rank, n=name: f"rank {r} {n}: {m}")
     # DeviceMesh's groups of the same shape are axis_groups' (every rank in one per axis)
     for rank, groups in enumerate(ls.run(_device_mesh_groups, (dp, pp, tp),
                                          world_size=dp * pp * tp)):

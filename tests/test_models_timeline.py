@@ -118,6 +118,7 @@ def test_spans_and_gantt_from_real_ranks():
 
     def record():
         import time
+
         import torch.distributed as dist
         tl = timeline.Timeline()
         dist.barrier()  # both ranks leave it together, whatever the machine's load

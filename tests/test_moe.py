@@ -7,10 +7,10 @@ loss, the layer against a per-token loop, the shared decoder's MoE option
 world sizes 2 and 4: expert parallelism's outputs and the gradients of the
 input, the router and every expert equal the layer on one process (float64;
 k = 1 and 2; dropping on and off; a skewed router with an expert no token
-chooses; the router's gradient non-zero in every case, k = 1 included), torch's all_to_all_single_autograd gives the hand-written
-Function's results bit for bit, and the forward's bytes on the wire are the
-formula's. And the notebook's copy of the code is the package's, character
-for character.
+chooses; the router's gradient non-zero in every case, k = 1 included), torch's
+all_to_all_single_autograd gives the hand-written Function's results bit for bit, and
+the forward's bytes on the wire are the formula's. And the notebook's copy of the code
+is the package's, character for character.
 """
 import pytest
 import torch
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 import labsupport as ls
 from labsupport import models, traffic
-from labsupport.memory import calc as memory_calc
 from labsupport.expert_parallel import moe
+from labsupport.memory import calc as memory_calc
 from nbtools import assert_lesson_copy
 
 H, FFN, T = 8, 16, 10          # hidden, expert width, tokens per rank

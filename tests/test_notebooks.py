@@ -5,7 +5,15 @@ Each chapter's small parameters are in its notebook metadata (see nbtools.py).
 """
 import nbformat
 import pytest
-from nbtools import chapter_notebooks, error_outputs, failures_by_file, run_nbval, run_papermill, small_parameters
+
+from nbtools import (
+    chapter_notebooks,
+    error_outputs,
+    failures_by_file,
+    run_nbval,
+    run_papermill,
+    small_parameters,
+)
 
 NOTEBOOKS = chapter_notebooks()
 pytestmark = pytest.mark.slow
@@ -45,5 +53,6 @@ def test_chapter_runs_with_small_parameters(path, tmp_path):
 def test_chapter_matches_its_stored_outputs(path, tmp_path):
     junit = tmp_path / "nbval.xml"
     code = run_nbval([path], junit)
-    assert failures_by_file(junit)[path.name] == [], "outputs differ from the stored ones (see stdout)"
+    assert failures_by_file(junit)[path.name] == [], (
+        "outputs differ from the stored ones (see stdout)")
     assert code == 0

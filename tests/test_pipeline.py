@@ -1,5 +1,5 @@
-"""Pipeline schedules (labsupport.pipeline.pipeline): parity through the launcher, the ideal-machine
-player, the bubble measurement, and the notebook's copy of the lesson code.
+"""Pipeline schedules (labsupport.pipeline.pipeline): parity through the launcher, the
+ideal-machine player, the bubble measurement, and the notebook's copy of the lesson code.
 
 Run: .venv/bin/python -m pytest tests/test_pipeline.py
 """
@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 import labsupport as ls
 from labsupport import models, timeline
-from labsupport.pipeline import bubbles
-from labsupport.pipeline import pipeline
+from labsupport.pipeline import bubbles, pipeline
 from labsupport.pipeline import explorer as pipeline_explorer
 from labsupport.pipeline import sim as pipeline_sim
 from nbtools import assert_lesson_copy
@@ -120,11 +119,13 @@ def test_ideal_bubbles_equal_the_formulas(p):
             assert b["ratio"] == pytest.approx(f["ratio"])
     for m in (p, 2 * p, 4 * p):
         for v in (1, 2, 3, 4):
-            b = timeline.bubble(pipeline_sim.ideal_events(pipeline.train_step_interleaved, p, m, v))
+            b = timeline.bubble(pipeline_sim.ideal_events(pipeline.train_step_interleaved,
+                                                          p, m, v))
             assert b["fraction"] == pytest.approx(pipeline_sim.bubble_formula(p, m, v)["fraction"])
 
 
-@pytest.mark.parametrize("name,v", [("afab", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3)])
+@pytest.mark.parametrize("name,v", [("afab", 1), ("1f1b", 1), ("interleaved", 2),
+                                    ("interleaved", 3)])
 def test_stash_formula_matches_the_orders(name, v):
     for p in (2, 4):
         for m in (p, 2 * p, 3 * p):
@@ -215,7 +216,8 @@ def test_measure_gives_a_row_with_the_formula_and_a_table(cluster):
                                   measured=[row])
     titles = [s["args"][1]["title.subtitle.text"] for s in shown.layout.sliders[0].steps]
     assert "measured" not in titles[0]  # m=2 was not run
-    assert f"measured in this run: {row['measured']:.0%} and {row['measured_ratio']:.0%}" in titles[1]
+    assert (f"measured in this run: {row['measured']:.0%} and {row['measured_ratio']:.0%}"
+            in titles[1])
     assert len(bubbles.versus_m([row]).data) == 2
     assert "recorded, then ideal" in bubbles.gantt_pair(row).layout.title.text
     with pytest.raises(ValueError, match="runs >= 1"):

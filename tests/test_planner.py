@@ -11,10 +11,10 @@ and the fullest the memory.
 import pytest
 
 from labsupport import overlap
-from labsupport.memory import tally as memory
-from labsupport.memory import calc as memory_calc
 from labsupport.device_mesh import planner
 from labsupport.device_mesh.planner import Job, Layout
+from labsupport.memory import calc as memory_calc
+from labsupport.memory import tally as memory
 
 M = memory_calc.PRESETS["7B"]
 JOB = Job(M, seq=4096, global_batch=512)

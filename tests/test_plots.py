@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.subplots import make_subplots
 from nbval.plugin import get_sanitize_patterns
+from plotly.subplots import make_subplots
 
 from labsupport import plots
 
@@ -94,7 +94,8 @@ def test_title_starts_below_the_mode_bar_and_pushes_the_margin():
 
 def test_room_is_made_for_a_subtitle_and_a_row_of_subplot_titles():
     def top(fig):
-        return plots.figure_bundle(fig.to_dict())[plots.PLOTLY_MIME]["layout"].get("margin", {}).get("t")
+        layout = plots.figure_bundle(fig.to_dict())[plots.PLOTLY_MIME]["layout"]
+        return layout.get("margin", {}).get("t")
 
     assert top(timing_figure(1.0)) == plots.MODEBAR_PX + plots.TITLE_PX
     assert top(go.Figure(go.Bar(x=[1], y=[1]))) is None  # no title: the template's margin

@@ -23,8 +23,7 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport.checkpoints import elastic
-from labsupport.checkpoints import resumable
+from labsupport.checkpoints import elastic, resumable
 from labsupport.checkpoints import sharded_checkpoint as sc
 from nbtools import assert_lesson_copy
 
@@ -189,9 +188,13 @@ def test_the_rename_is_made_durable_by_fsyncs_of_both_directories(tmp_path):
 def fsdp2_saves(full, path):
     """FSDP2 at this N takes our whole state (set_state_dict), then DCP saves it."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
-                                                         set_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_state_dict,
+    )
     from torch.distributed.fsdp import fully_shard
+
     from labsupport import models
     model = models.GPT(models.GPTConfig(RECIPE.vocab_size, RECIPE.seq_len, RECIPE.hidden,
                                         RECIPE.heads, RECIPE.layers))
@@ -213,6 +216,7 @@ def fsdp2_saves(full, path):
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # dcp.load here: one process
 def test_dcp_interoperates_with_our_checkpoint(tmp_path):
     import torch.distributed.checkpoint as dcp
+
     from labsupport import models
     root = str(tmp_path / "ours")
     ls.run(resumable.train, RECIPE, root, 2, 2, resumable.training_state,

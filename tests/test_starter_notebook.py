@@ -7,6 +7,7 @@ timings masked by tests/nbval_sanitize.cfg and nothing else.
 """
 import nbformat
 import pytest
+
 from nbtools import NOTEBOOK_DIR, error_outputs, failures_by_file, run_nbval, run_papermill
 
 NOTEBOOK = NOTEBOOK_DIR / "00_how_this_book_runs.ipynb"

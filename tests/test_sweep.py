@@ -15,9 +15,8 @@ import pytest
 import torch
 
 import labsupport as ls
-from labsupport import diagrams
+from labsupport import diagrams, sweep
 from labsupport.ring import ring
-from labsupport import sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 

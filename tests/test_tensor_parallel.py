@@ -1,5 +1,6 @@
 # Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_tensor_parallel.py
-"""labsupport.tensor_parallel.tensor_parallel, chapter 4's layers, through the launcher at t = 2 and 4.
+"""labsupport.tensor_parallel.tensor_parallel, chapter 4's layers, through the launcher at
+t = 2 and 4.
 
 Against the single-process ``models.GPT``: the loss, the logits and every
 parameter's gradient (TP, and TP+SP), and the parameters after K SGD steps;
@@ -16,12 +17,11 @@ import torch
 import torch.distributed as dist
 
 import labsupport as ls
-from labsupport import models
-from labsupport.tensor_parallel import tensor_parallel as tp
-from labsupport import calls
+from labsupport import calls, models
+from labsupport.tensor_parallel import checks
 from labsupport.tensor_parallel import gpt as tp_gpt
 from labsupport.tensor_parallel import probe as tp_probe
-from labsupport.tensor_parallel import checks
+from labsupport.tensor_parallel import tensor_parallel as tp
 from nbtools import assert_lesson_copy
 
 CFG = models.GPTConfig(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2)
@@ -69,7 +69,7 @@ def test_logits_loss_and_every_gradient_equal_one_process(cluster, sp):
         torch.testing.assert_close(got_loss, loss, **TOL)
         assert set(got) == set(grads)  # every parameter, none missing
         for name, want in _shards(got, grads, rank, n, sp).items():
-            torch.testing.assert_close(got[name], want, **TOL, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(got[name], want, **TOL, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def _shards(got, full, rank, n, sp):
@@ -138,7 +138,7 @@ def _dtensor_vs_hand(sp):
     mine = dict(ours.named_parameters())
     for name, p in theirs.named_parameters():
         torch.testing.assert_close(tp_probe.local_grad(p), mine[name].grad, **TOL,
-                                   msg=lambda m: f"{name}: {m}")
+                                   msg=lambda m, n=name: f"{n}: {m}")
     return True
 
 
@@ -179,7 +179,7 @@ def test_the_layers_run_inside_a_sub_group(cluster, sp):
     if cluster.world_size != 4:
         pytest.skip("two groups of two need four ranks")
     logits, loss, grads = reference()
-    for rank, (got_logits, got_loss, got) in enumerate(cluster.run(_in_pairs, sp)):
+    for rank, (got_logits, _, got) in enumerate(cluster.run(_in_pairs, sp)):
         torch.testing.assert_close(got_logits, logits, **TOL)
         for name, want in _shards(got, grads, rank % 2, 2, sp).items():
             torch.testing.assert_close(got[name], want, **TOL)

@@ -36,7 +36,8 @@ def test_a_function_gives_the_same_results_under_torchrun_and_ls_run(tmp_path, m
          str(tmp_path / "scaled_sum_script.py")],
         capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    under_torchrun = [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in range(2)]
+    under_torchrun = [json.loads((tmp_path / f"result-{rank}.json").read_text())
+                      for rank in range(2)]
 
     monkeypatch.syspath_prepend(str(tmp_path))  # the ranks import the module like torchrun does
     module = importlib.import_module("scaled_sum_script")

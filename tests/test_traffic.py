@@ -205,6 +205,7 @@ def test_a_real_socket_pair_counts_what_was_sent():
                 got = b""
                 while len(got) < 10_000:
                     got += peer.recv(65536)
-                info = lambda s: s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+                def info(s):
+                    return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
                 assert traffic.tcp_info_bytes(info(client))[0] == 10_000
                 assert traffic.tcp_info_bytes(info(peer))[1] == 10_000

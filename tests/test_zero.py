@@ -1,4 +1,5 @@
-"""labsupport.zero.zero, chapter 7's ZeRO stages: parity through the launcher, errors, notebook copy.
+"""labsupport.zero.zero, chapter 7's ZeRO stages: parity through the launcher, errors,
+notebook copy.
 
 Run: flock /tmp/course-heavy.lock .venv/bin/python -m pytest tests/test_zero.py
 
@@ -29,8 +30,7 @@ import torch.nn.functional as F
 import labsupport as ls
 from labsupport import models
 from labsupport.memory import tally
-from labsupport.zero import sharded_optimizer
-from labsupport.zero import zero
+from labsupport.zero import sharded_optimizer, zero
 from nbtools import assert_lesson_copy
 
 STEPS, BATCH = 3, 8
@@ -92,7 +92,8 @@ def train(name, version):
         flat = zero.FlatParams(model.parameters())
         optimizer = torch.optim.AdamW([flat.shard(flat.data)], **ADAMW)
     else:
-        optimizer = sharded_optimizer.ShardedOptimizer(model.parameters(), torch.optim.AdamW, **ADAMW)
+        optimizer = sharded_optimizer.ShardedOptimizer(model.parameters(), torch.optim.AdamW,
+                                                       **ADAMW)
     for step in range(STEPS):
         if version == "zero1_2":
             flat.alloc_grads()
@@ -178,7 +179,7 @@ def _groups_and_memory():
 
 
 def test_param_groups_add_param_group_and_a_sharded_state(cluster):
-    for got, want, state, shard_numel, n, lr, groups in cluster.run(_groups_and_memory):
+    for got, want, state, shard_numel, _, lr, groups in cluster.run(_groups_and_memory):
         torch.testing.assert_close(got, want, **TOL)
         assert (lr, groups) == (2e-3, 2)
         assert state == 2 * 8 * shard_numel + 2 * 4  # fp64 m, v of each shard; fp32 steps
@@ -356,8 +357,10 @@ def _bitwise_and_mixed():
         opt = torch.optim.AdamW(wrapped.parameters(), **ADAMW)
         gathered = []
         gather = wrapped.flats[0].gather
-        wrapped.flats[0].gather = lambda shard: (gathered.append(
-            tally.storage_bytes(f.data for f in wrapped.flats)), gather(shard))[1]
+        def logged(shard, gathered=gathered, wrapped=wrapped, gather=gather):
+            gathered.append(tally.storage_bytes(f.data for f in wrapped.flats))
+            return gather(shard)
+        wrapped.flats[0].gather = logged
         for step in range(STEPS):
             loss("gpt_tied", wrapped, *my_batch("gpt_tied", step)).backward()
             opt.step()
@@ -393,7 +396,7 @@ def _peaks():
         wrapped = zero.Zero3(model, units("gpt_untied", model), prefetch=prefetch)
         peaks = []
         for flat in wrapped.flats:
-            def logged(shard, gather=flat.gather):
+            def logged(shard, gather=flat.gather, peaks=peaks, wrapped=wrapped):
                 work = gather(shard)
                 peaks.append(tally.storage_bytes(f.data for f in wrapped.flats))
                 return work

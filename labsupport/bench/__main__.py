@@ -7,13 +7,15 @@
     python -m labsupport.bench ddp            # chapter 3's data-parallel versions vs DDP
     python -m labsupport.bench pipeline       # chapter 5's measured bubbles vs the formulas
     python -m labsupport.bench memory         # chapter 0: bytes counted vs the formulas
-    python -m labsupport.bench ring_attention # chapter 6's ring: overlap, causal imbalance, vs SDPA
+    python -m labsupport.bench ring_attention # chapter 6's ring: overlap, causal skew, vs SDPA
     python -m labsupport.bench tp             # chapter 4's tensor parallelism vs DTensor
     python -m labsupport.bench zero           # chapter 7's memory vs formula, ZeRO-3 vs FSDP2
     python -m labsupport.bench moe            # chapter 9's all-to-all bytes, vs torch's, balance
     python -m labsupport.bench overlap        # time beside bytes: crossings, every chapter
-    python -m labsupport.bench checkpoint     # chapter 10: shard bytes, reshard, resume, async, 2 nodes
-    python -m labsupport.bench capstone       # chapter 11: parity, hand vs PyTorch's composition, MFU, resume
+    python -m labsupport.bench checkpoint     # chapter 10: shard bytes, reshard, resume, async,
+                                              #   2 nodes
+    python -m labsupport.bench capstone       # chapter 11: parity, hand vs PyTorch's
+                                              #   composition, MFU, resume
     python -m labsupport.bench <name> --help
 """
 import importlib

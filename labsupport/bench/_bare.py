@@ -16,7 +16,8 @@ def _free_port() -> int:
 def _init(rank, ws, port):
     import torch.distributed as dist
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ws)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=ws)
 
 
 def _ready_worker(rank, ws, port, queue, stop):

@@ -25,15 +25,21 @@ import time
 COLD_START = """
 import json, time, torch
 import labsupport as ls
-t0 = time.perf_counter(); c = ls.start(world_size={ws}, backend="gloo"); cold = time.perf_counter() - t0
+t0 = time.perf_counter()
+c = ls.start(world_size={ws}, backend="gloo")
+cold = time.perf_counter() - t0
 c.shutdown()
-t0 = time.perf_counter(); c = ls.start(world_size={ws}, backend="gloo"); warm = time.perf_counter() - t0
+t0 = time.perf_counter()
+c = ls.start(world_size={ws}, backend="gloo")
+warm = time.perf_counter() - t0
 print(json.dumps([cold, warm]))
 """
 SPAWN_START = """
 import json, time, torch
 from labsupport.bench import _bare
-t0 = time.perf_counter(); _bare.spawn_until_ready({ws}); print(json.dumps(time.perf_counter() - t0))
+t0 = time.perf_counter()
+_bare.spawn_until_ready({ws})
+print(json.dumps(time.perf_counter() - t0))
 """
 
 

@@ -30,10 +30,10 @@ import warnings
 
 import torch
 
-from labsupport.launch import session
 from labsupport.capstone import checkpoint, trainer
 from labsupport.capstone.layout import Layout, layout_groups
 from labsupport.capstone.trainer import all_reduce_buckets
+from labsupport.launch import session
 from labsupport.tensor_parallel.gpt import allreduce_sequence_parallel_grads
 
 LOSS_RTOL = 1e-5      # fp32: another order of the same sums
@@ -191,8 +191,8 @@ def diagnose(outs, ref, step, name, layout):
              and not (n == "dp_cp" and min(layout.dp, layout.cp) == 1)}  # = dp or cp
     for size in sorted(set(sizes.values())):
         names = " or ".join(n for n in sizes if sizes[n] == size)
-        alike = (f" (groups of the same size: run a layout where they differ to tell "
-                 f"them apart)" if " or " in names else "")
+        alike = (" (groups of the same size: run a layout where they differ to tell "
+                 "them apart)" if " or " in names else "")
         if all(close(local[r], want[r] * size) for r in bad):
             return bad, factor, (f"x{size} = |{names}|: a reduction over {names} "
                                  f"doubled, or an average over {names} that does not "

@@ -38,10 +38,15 @@ from torch import nn
 
 from labsupport import models
 from labsupport.context_parallel.ring_attention import RingSelfAttention
-from labsupport.tensor_parallel.tensor_parallel import (ColumnParallelLinear, GatherLastDim,
-                                        TensorParallelBlock, VocabParallelEmbedding,
-                                        enter_tp, my_chunk)
 from labsupport.tensor_parallel.gpt import _validate, sequence_parallel_params
+from labsupport.tensor_parallel.tensor_parallel import (
+    ColumnParallelLinear,
+    GatherLastDim,
+    TensorParallelBlock,
+    VocabParallelEmbedding,
+    enter_tp,
+    my_chunk,
+)
 
 
 def config(**sizes) -> models.GPTConfig:

@@ -32,7 +32,6 @@ before any process group is made, so no rank waits for another that left.
 """
 import argparse
 import datetime
-import math
 import os
 import platform
 import shlex
@@ -226,7 +225,7 @@ def worker(args, argv, resume):
         from labsupport import models
         n = sum(p.numel() for p in models.GPT(cfg).parameters())
         progress = Progress(args, per_token, peak)
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         progress.write(f"# {command_line(argv)}")
         progress.write(f"# {now:%Y-%m-%d %H:%M:%S} UTC | {machine(device)} | "
                        f"torch {torch.__version__}, {identity.backend_of()} | "

@@ -42,16 +42,16 @@ import torch
 import torch.distributed as dist
 
 from labsupport import calls, models, timing
-from labsupport.pipeline import pipeline
-from labsupport.pipeline import sim as pipeline_sim
 from labsupport.capstone import checkpoint as capckpt
 from labsupport.capstone import data as capdata
 from labsupport.capstone.layout import Layout, make_groups
 from labsupport.capstone.model import Stage, run_config, validate
 from labsupport.data_parallel.ddp import bucket_params
 from labsupport.launch import identity
-from labsupport.timeline import Timeline
+from labsupport.pipeline import pipeline
+from labsupport.pipeline import sim as pipeline_sim
 from labsupport.tensor_parallel.gpt import allreduce_sequence_parallel_grads
+from labsupport.timeline import Timeline
 
 BUCKET_BYTES = 2 ** 20
 

@@ -129,7 +129,8 @@ def _assert_result(kind, name, world_size, case):
               if r["shape"] != (size,)]
     if shapes:
         raise AssertionError(f"{name} must change the tensor it is given in place (or return "
-                             f"one of the same shape, ({size},)); it returned " + ", ".join(shapes))
+                             f"one of the same shape, ({size},)); it returned "
+                             + ", ".join(shapes))
     bounds = p2p_log.chunk_bounds(size, world_size)
     wrong = [f"rank {rank}, chunk {i} (elements {a}:{b}): got {_show(r['got'][a:b])}, "
              f"expected {_show(r['expected'][a:b])}"

@@ -72,7 +72,7 @@ def reachable(roots, skip=()) -> dict:
 
 def _filled(cell) -> bool:
     try:
-        cell.cell_contents
+        _ = cell.cell_contents
     except ValueError:                          # a closure variable not yet assigned
         return False
     return True

@@ -54,9 +54,9 @@ def _bitwise(by_rank_a, by_rank_b) -> bool:
 
 def sharded(recipe, args, workdir) -> dict:
     """Bytes per rank over 12Ψ/N; N -> N/2 bitwise; a resume's losses."""
-    from labsupport.launch import session
     from labsupport import models
     from labsupport.checkpoints import resumable
+    from labsupport.launch import session
     n, half = args.world_size, args.steps // 2
     root = os.path.join(workdir, "ours")
     saved = session.run(_train_and_hold, recipe, root, half, world_size=n)
@@ -82,6 +82,7 @@ def _fsdp2(recipe):
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
+
     from labsupport import models
     torch.manual_seed(recipe.seed + 1000 + dist.get_rank())
     model = models.GPT(models.GPTConfig(recipe.vocab_size, recipe.seq_len, recipe.hidden,
@@ -137,9 +138,8 @@ def stall_ratio(recipe, args, workdir) -> tuple:
 def two_nodes(recipe, args, workdir) -> tuple:
     """A two-node torchrun job, rank 1 killed once: (its final losses == the
     uninterrupted run's, seconds)."""
+    from labsupport.checkpoints import elastic, resumable
     from labsupport.launch import session
-    from labsupport.checkpoints import elastic
-    from labsupport.checkpoints import resumable
     job = os.path.join(workdir, "two-nodes")
     out = os.path.join(job, "out")
     os.makedirs(out)
@@ -178,8 +178,8 @@ def main(argv):
 
 
 def report(args):
-    from labsupport.launch import session
     from labsupport.checkpoints.resumable import Recipe
+    from labsupport.launch import session
     recipe = Recipe(hidden=args.hidden, heads=args.heads, layers=args.layers,
                     seq_len=args.seq_len)
     workdir = tempfile.mkdtemp(prefix="bench-ckpt-")

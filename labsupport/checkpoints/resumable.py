@@ -36,10 +36,17 @@ import torch
 import torch.distributed as dist
 
 from labsupport import models
+from labsupport.checkpoints.sharded_checkpoint import (
+    latest_checkpoint,
+    load_resharded,
+    read_extra,
+    save_sharded,
+    unit_layout,
+    zero3_pieces,
+    zero3_restore,
+    zero3_wanted,
+)
 from labsupport.zero import zero
-from labsupport.checkpoints.sharded_checkpoint import (latest_checkpoint, load_resharded, read_extra,
-                                           save_sharded, unit_layout, zero3_pieces,
-                                           zero3_restore, zero3_wanted)
 
 
 # --- lesson: notebooks/10_checkpoints_and_failures.ipynb (the notebook's copy must match) ---
@@ -191,7 +198,8 @@ def _worker(recipe, root, out, steps, every, fail):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m labsupport.checkpoints.resumable",
-                                     description="Chapter 10's resumable training, under torchrun.")
+                                     description="Chapter 10's resumable training, "
+                                                 "under torchrun.")
     parser.add_argument("--root", required=True, help="checkpoint directory (shared by all nodes)")
     parser.add_argument("--out", required=True, help="directory for each worker's records")
     parser.add_argument("--steps", type=int, default=8)

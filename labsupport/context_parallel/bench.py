@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from labsupport.launch import session
-from labsupport.context_parallel import ring_attention as ra
 from labsupport import timeline
+from labsupport.context_parallel import ring_attention as ra
+from labsupport.launch import session
 
 
 def _inputs(seq_len, heads, head_dim):

@@ -47,7 +47,7 @@ def check_merge(merge):
         if torch.allclose(out, (o1 + o2) / 2):
             raise AssertionError(f"{case}: the output is the plain mean of the two parts; "
                                  "weigh each by its share of the normaliser, Z_A/(Z_A+Z_B)")
-        torch.testing.assert_close(out, want, msg=lambda m: (
+        torch.testing.assert_close(out, want, msg=lambda m, case=case: (
             f"{case}: the merged output is not attention over all keys (SDPA): {m}"))
 
 

@@ -8,6 +8,13 @@
 
 This package re-exports the lesson (the names the chapter defines).
 """
-from labsupport.data_parallel.ddp import (broadcast_parameters, DataParallelNaive,
-                                          DataParallelOverlap, bucket_params,
-                                          DataParallelBucket)
+from labsupport.data_parallel.ddp import (
+    DataParallelBucket,
+    DataParallelNaive,
+    DataParallelOverlap,
+    broadcast_parameters,
+    bucket_params,
+)
+
+__all__ = ["DataParallelBucket", "DataParallelNaive", "DataParallelOverlap",
+           "broadcast_parameters", "bucket_params"]

@@ -32,6 +32,7 @@ def _wrap(name, bucket_size):
 
 def _profile(wrap, sizes, batch, steps):
     import torch.distributed as dist
+
     from labsupport import models
     from labsupport.data_parallel import probe as ddp_probe
 
@@ -43,8 +44,8 @@ def _profile(wrap, sizes, batch, steps):
 
 
 def bench_world_size(world_size, args) -> dict:
-    from labsupport.launch import session
     from labsupport.data_parallel import probe as ddp_probe
+    from labsupport.launch import session
 
     sizes = (args.d_in, args.width, args.depth, args.d_out)
     times = {name: [] for name in VERSIONS}

@@ -69,7 +69,8 @@ def check_broadcast(fn, world_size: int = 2):
 
 
 def buckets(fn):
-    """``fn(params, bucket_size)`` splits params as ``labsupport.data_parallel.ddp.bucket_params`` does."""
+    """``fn(params, bucket_size)`` splits params as
+    ``labsupport.data_parallel.ddp.bucket_params`` does."""
     from labsupport.data_parallel import ddp
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 32),
                                 torch.nn.Linear(32, 4))

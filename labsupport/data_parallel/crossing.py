@@ -30,9 +30,9 @@ sizes so that they share the sweep's load): the backward's T·F/C meets
 import statistics
 
 from labsupport import overlap
-from labsupport.data_parallel import probe as ddp_probe
 from labsupport import sweep as bandwidth_sweep
 from labsupport.crossings import Crossing
+from labsupport.data_parallel import probe as ddp_probe
 
 WORLD_SIZE = 2
 SHAPE = dict(d_in=32, width=512, depth=8, d_out=8)      # the chapter's DeepMLP, wider

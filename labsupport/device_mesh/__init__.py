@@ -7,7 +7,20 @@
 
 This package re-exports the lesson (the names the chapter defines).
 """
-from labsupport.device_mesh.mesh import (grid_coords, grid_ranks, grid_groups,
-                                         axis_groups, average_grads, hybrid_step,
-                                         train_device_mesh, TPMLP, mlp_stack,
-                                         cube_groups, step_3d, train_3d)
+from labsupport.device_mesh.mesh import (
+    TPMLP,
+    average_grads,
+    axis_groups,
+    cube_groups,
+    grid_coords,
+    grid_groups,
+    grid_ranks,
+    hybrid_step,
+    mlp_stack,
+    step_3d,
+    train_3d,
+    train_device_mesh,
+)
+
+__all__ = ["TPMLP", "average_grads", "axis_groups", "cube_groups", "grid_coords", "grid_groups",
+           "grid_ranks", "hybrid_step", "mlp_stack", "step_3d", "train_3d", "train_device_mesh"]

@@ -11,9 +11,10 @@ ranks of its column, so chapter 3's crossing T* = (n-1)/n · g/2 · C/W
 (``overlap.dp_min_tokens``) holds on the 2-D layout, with T counted per dp rank
 (per tp group), not per device. Measured from the recorded calls
 (``calls.record``, each call timed on the device's clock: ``timing.CallClock``),
-the median of ``repeats`` steps per size: the backward's compute (its wall time less its tp collectives) and the dp
-reduction (the chapter's ``mesh.average_grads``: one all-reduce per gradient
-tensor, so on gloo the latency α of each call counts), each the median rank's.
+the median of ``repeats`` steps per size: the backward's compute (its wall time
+less its tp collectives) and the dp reduction (the chapter's ``mesh.average_grads``:
+one all-reduce per gradient tensor, so on gloo the latency α of each call counts),
+each the median rank's.
 The formula prices the same reduction with this machine's link (chapter 2's
 α-β model fitted to all-reduces on the dp group, ``sweep.measure``, timed
 between the sizes of the sweep so that they share its load) against
@@ -24,9 +25,9 @@ the backward reached at the largest size, and finds where the two meet
 import statistics
 
 from labsupport import calls, models, overlap, timing
-from labsupport.device_mesh import mesh
 from labsupport import sweep as bandwidth_sweep
 from labsupport.crossings import Crossing
+from labsupport.device_mesh import mesh
 
 DP, TP = 2, 2
 CFG = models.GPTConfig(vocab_size=128, seq_len=32, hidden=128, heads=4, layers=2)

@@ -24,8 +24,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from labsupport import models
-from labsupport.tensor_parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
-                                        enter_tp, parallelize_dtensor)
+from labsupport.tensor_parallel.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    enter_tp,
+    parallelize_dtensor,
+)
 
 
 # --- lesson: notebooks/08_device_mesh.ipynb (the notebook's copy must match) ---

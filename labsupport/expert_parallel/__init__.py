@@ -6,9 +6,24 @@
 
 This package re-exports the lesson (the names the chapter defines).
 """
-from labsupport.expert_parallel.moe import (route, capacity, keep_mask,
-                                            load_balancing_loss, expert_mlp,
-                                            grouped_mm_runs, Experts, sort_by_expert,
-                                            combine, MoE, AllToAll, exchange_counts,
-                                            expert_major_order, check_config,
-                                            ExpertParallelMoE)
+from labsupport.expert_parallel.moe import (
+    AllToAll,
+    ExpertParallelMoE,
+    Experts,
+    MoE,
+    capacity,
+    check_config,
+    combine,
+    exchange_counts,
+    expert_major_order,
+    expert_mlp,
+    grouped_mm_runs,
+    keep_mask,
+    load_balancing_loss,
+    route,
+    sort_by_expert,
+)
+
+__all__ = ["AllToAll", "ExpertParallelMoE", "Experts", "MoE", "capacity", "check_config",
+           "combine", "exchange_counts", "expert_major_order", "expert_mlp", "grouped_mm_runs",
+           "keep_mask", "load_balancing_loss", "route", "sort_by_expert"]

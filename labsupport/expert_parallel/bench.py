@@ -29,9 +29,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from labsupport.launch import session
 from labsupport import models, traffic
 from labsupport.expert_parallel import moe
+from labsupport.launch import session
 
 AUX_COEF = 0.1
 
@@ -42,7 +42,7 @@ def _torch_a2a(x, output_splits, input_splits, group=None):
 
 
 def _layer_and_tokens(tokens, hidden, experts, top_k):
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     with models.seeded(0):
         layer = moe.MoE(hidden, 4 * hidden, experts, top_k)
     g = torch.Generator().manual_seed(rank)

@@ -6,28 +6,33 @@
 
 One module per assignment, named after its folder in
 notebooks/assignments/source (``ls.grading.<folder>``, imported on first use):
-see ``_GRADERS``. The names above and ``TIMEOUT`` are re-exported from
+``_GRADERS`` lists them. The names above and ``TIMEOUT`` are re-exported from
 ``labsupport.checking`` for the assignment notebooks already released, which
 reach them as ``ls.grading.<name>``; the core's old module paths
 (``labsupport.grading.checks``, ``.diagnosis``, ``.deadlock``, ``.held``) are
 aliases for one term (``labsupport/_aliases.py``).
 """
 import importlib
+import pkgutil
 
 from labsupport import _aliases
-from labsupport.checking.collective_checks import (SIZES, WORLD_SIZES, assert_rules,
-                                                   check_all_gather, check_allreduce,
-                                                   check_reduce_scatter, run)
+from labsupport.checking.collective_checks import (
+    SIZES,
+    WORLD_SIZES,
+    assert_rules,
+    check_all_gather,
+    check_allreduce,
+    check_reduce_scatter,
+    run,
+)
 from labsupport.checking.diagnosis import TIMEOUT
 
 __all__ = ["SIZES", "TIMEOUT", "WORLD_SIZES", "assert_rules", "check_all_gather",
            "check_allreduce", "check_reduce_scatter", "run"]
 
-# The graders of the assignments, reached as ``ls.grading.<name>`` and imported
-# on first use (they import torch's extras).
-_GRADERS = {"grad_sync_4d", "hybrid_sharded_dp", "padded_expert_dispatch",
-            "rabenseifner_allreduce", "reshard_to_tensor_parallel", "vocab_parallel_xent",
-            "zero2_overlap", "zero_bubble_pipeline", "zigzag_ring_attention"}
+# The graders of the assignments, every module of this folder, reached as
+# ``ls.grading.<name>`` and imported on first use (they import torch's extras).
+_GRADERS = {m.name for m in pkgutil.iter_modules(__path__)}
 
 
 def __getattr__(name):

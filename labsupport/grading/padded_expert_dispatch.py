@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 
 from labsupport import models, traffic
-from labsupport.expert_parallel import moe
 from labsupport.checking import collective_checks
-from labsupport.checking.diagnosis import name_of
 from labsupport.checking.collective_checks import WORLD_SIZES  # (2, 4): one home
+from labsupport.checking.diagnosis import name_of
+from labsupport.expert_parallel import moe
 
 H, FFN, E = 8, 16, 8            # hidden, expert width, experts
 TOKENS = 12                     # per rank, correctness checks

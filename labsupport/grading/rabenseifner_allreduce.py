@@ -28,10 +28,10 @@ import torch
 import torch.distributed as dist
 
 from labsupport.calls import record as record_calls
-from labsupport.launch.session import current
 from labsupport.checking import collective_checks
-from labsupport.checking.diagnosis import name_of
 from labsupport.checking.collective_checks import WORLD_SIZES  # (2, 4): one home
+from labsupport.checking.diagnosis import name_of
+from labsupport.launch.session import current
 
 SIZES = (8, 10, 13)  # 10 and 13 are not divisible by 4
 PHASES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}  # log2(N) rounds each
@@ -85,10 +85,12 @@ def _validate(kind, world_sizes):
 
 
 def _run(fn, kind, size, world_size, timeout) -> list[dict]:
-    """collective_checks.run of fn on one case; rules checked; the cluster restarted after a failure."""
+    """``collective_checks.run`` of fn on one case; rules checked; the cluster
+    restarted after a failure."""
     name = name_of(fn)
     try:
-        calls = collective_checks.run(_Traced(fn, kind, size), world_size=world_size, timeout=timeout)
+        calls = collective_checks.run(_Traced(fn, kind, size), world_size=world_size,
+                                      timeout=timeout)
         collective_checks.assert_rules(calls, name)
         return calls
     except AssertionError:

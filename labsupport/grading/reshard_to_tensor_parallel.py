@@ -28,9 +28,9 @@ import tempfile
 
 import torch
 
+from labsupport.checking import collective_checks
 from labsupport.checkpoints import resumable
 from labsupport.checkpoints import sharded_checkpoint as sc
-from labsupport.checking import collective_checks
 from labsupport.launch import session
 
 TP = 4                                    # the tensor-parallel ranks that load

@@ -34,9 +34,8 @@ import torch
 import torch.distributed as dist
 
 from labsupport import _patch, calls, models
+from labsupport.checking import collective_checks, held
 from labsupport.memory import tally as memory
-from labsupport.checking import collective_checks
-from labsupport.checking import held
 
 CFG = models.GPTConfig(vocab_size=37, seq_len=8, hidden=15, heads=3, layers=2)  # Ψ odd
 STEPS, BATCH = 3, 8
@@ -344,7 +343,8 @@ def _assert_backward_peak(run, rank, n):
     head = (f"rank {rank} of {n}: during backward, gradient data took up to "
             f"{run['peak_grad_bytes']:,} bytes (every .grad, bucket buffer and shard your "
             "code held at once, counted by reference), more than "
-            f"{min(IN_FLIGHT, len(buckets))} buckets, one parameter's .grad and this rank's shards ({bound:,} bytes). ")
+            f"{min(IN_FLIGHT, len(buckets))} buckets, one parameter's .grad and this rank's "
+            f"shards ({bound:,} bytes). ")
     if run["most_grads"] > 1:
         raise AssertionError(head + f"Up to {run['most_grads']} parameters held a .grad at "
                              "once: free each .grad in the hook, as soon as it is copied "

@@ -23,13 +23,13 @@ chapter 5's messages) is ``labsupport.pipeline.zero_bubble``.
 import torch
 import torch.nn.functional as F
 
-from labsupport.launch.session import current
-from labsupport.checking import collective_checks
 from labsupport import models, timeline
+from labsupport.checking import collective_checks
+from labsupport.checking.diagnosis import name_of
+from labsupport.launch.session import current
 from labsupport.pipeline import pipeline
 from labsupport.pipeline import sim as pipeline_sim
 from labsupport.pipeline import zero_bubble as zb
-from labsupport.checking.diagnosis import name_of
 
 CASES = ((2, 4), (4, 8))  # (p, m) of the checks
 SHARE = 0.5  # of ZB-H1's saving over 1F1B that the recorded order must show
@@ -149,11 +149,11 @@ def check_memory(schedule, cases=CASES, *, timeout=None):
         peaks = [o["peak"] for o in out]
         if max(peaks) > min(p, m):
             raise AssertionError(
-                f"{name_of(schedule)} held up to {peaks} micro-batches per rank (ranks 0..{p - 1}) "
-                f"on p={p} ranks with m={m}: from its F until its W, a micro-batch's "
-                f"activations stay alive. 1F1B holds at most min(p, m) = {min(p, m)} (on rank "
-                "0); ZB-H1 holds as many on every rank and no more: start each rank's W's "
-                "only as late as that bound allows.")
+                f"{name_of(schedule)} held up to {peaks} micro-batches per rank "
+                f"(ranks 0..{p - 1}) on p={p} ranks with m={m}: from its F until its W, a "
+                f"micro-batch's activations stay alive. 1F1B holds at most min(p, m) = "
+                f"{min(p, m)} (on rank 0); ZB-H1 holds as many on every rank and no more: "
+                "start each rank's W's only as late as that bound allows.")
 
 
 def check_idle_fraction(schedule, cases=CASES, *, share=SHARE,
@@ -290,7 +290,3 @@ def _missing_w(out, m) -> str:
 
 def _ops(ops) -> str:
     return "[" + ", ".join(f"{k}(stage {s}, micro-batch {i})" for k, s, i in ops) + "]"
-
-
-def name_of(fn) -> str:
-    return getattr(fn, "__name__", None) or "the function"

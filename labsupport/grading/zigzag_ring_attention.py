@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from labsupport.context_parallel import ring_attention
 from labsupport.checking import collective_checks
-from labsupport.checking.diagnosis import name_of
 from labsupport.checking.collective_checks import WORLD_SIZES  # (2, 4): one home
+from labsupport.checking.diagnosis import name_of
+from labsupport.context_parallel import ring_attention
 
 LENGTHS = (8, 16, 24)  # multiples of 2N for N = 2 and 4
 B, A, D = 1, 2, 4

@@ -25,8 +25,13 @@ from multiprocessing.connection import Connection, wait
 from labsupport.launch import forkserver, progress
 from labsupport.launch.errors import RankError, build_error, format_stack_dump
 from labsupport.launch.lifetime import describe_status
-from labsupport.launch.limits import (DEFAULT_TIMEOUT, GRACE, START_TIMEOUT, TAIL_CHARS,
-                                      check_timeout)
+from labsupport.launch.limits import (
+    DEFAULT_TIMEOUT,
+    GRACE,
+    START_TIMEOUT,
+    TAIL_CHARS,
+    check_timeout,
+)
 from labsupport.launch.output import RankOutput, show
 from labsupport.launch.placement import NCCL_ENV, Placement
 
@@ -106,7 +111,8 @@ class Cluster:
         Tensors come back detached, on the CPU.
         """
         if not callable(fn):
-            raise TypeError(f"run() needs a function to call on every rank, got {type(fn).__name__}")
+            raise TypeError("run() needs a function to call on every rank, got "
+                            f"{type(fn).__name__}")
         return self._round_trip(("run", _serialize(fn, args, kwargs)), timeout, stream)
 
     def exec_cell(self, source: str, filename: str, timeout=None, stream=False) -> list:
@@ -334,7 +340,8 @@ def _load_result(rank, data):
     try:
         return cloudpickle.loads(data)
     except Exception as exc:
-        raise RankError(f"rank {rank}'s return value cannot be rebuilt in the notebook: {exc}") from exc
+        raise RankError(f"rank {rank}'s return value cannot be rebuilt in the notebook: "
+                        f"{exc}") from exc
 
 
 def _sys_path():

@@ -172,7 +172,8 @@ GPU_STUCK = ("  (the function had returned, but an NCCL or CUDA operation it que
 def format_stack_dump(dump: str) -> str:
     """Where a stuck rank is, from faulthandler's dump: its main thread, user frames only."""
     threads = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())
-    main = next((t for t in threads if "_serve" in t or "in main" in t), threads[0] if threads else "")
+    main = next((t for t in threads if "_serve" in t or "in main" in t),
+                threads[0] if threads else "")
     if "in _wait_for_gpu" in main:  # rank_main: the function returned, its GPU work did not
         return GPU_STUCK
     frames = [m.groups() for m in map(_FAULT_FRAME.match, main.splitlines()) if m]

@@ -22,8 +22,13 @@ import tempfile
 import threading
 import time
 
-from labsupport.launch.limits import (EXIT_WAIT, SERVER_REPLY_TIMEOUT, STACK_DUMP_WAIT,
-                                      START_TIMEOUT, TAIL_CHARS)
+from labsupport.launch.limits import (
+    EXIT_WAIT,
+    SERVER_REPLY_TIMEOUT,
+    STACK_DUMP_WAIT,
+    START_TIMEOUT,
+    TAIL_CHARS,
+)
 
 # The folder that holds the labsupport package (this file is labsupport/launch/forkserver.py)
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -42,7 +42,8 @@ class Placement:
 def requested(backend="auto") -> str:
     """"auto", "gloo" or "nccl": ``backend``, or $LABSUPPORT_BACKEND for "auto"."""
     if not isinstance(backend, str) or backend.lower() not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(map(repr, BACKENDS))}")
+        raise ValueError(f"unknown backend {backend!r}: use one of "
+                         f"{', '.join(map(repr, BACKENDS))}")
     backend = backend.lower()
     if backend != "auto":
         return backend
@@ -89,5 +90,6 @@ def place(world_size, backend="auto", threads=None) -> Placement:
     if threads is None:
         threads = max(1, cpu_count() // world_size)
     elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int (torch threads per rank), got {threads!r}")
+        raise ValueError("threads must be a positive int (torch threads per rank), got "
+                         f"{threads!r}")
     return Placement(world_size, init_backend(kind), devices, threads, notice)

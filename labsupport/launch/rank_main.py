@@ -28,6 +28,7 @@ def warm_imports():
     """Imports every rank needs; done once in the process server, before forking."""
     import cloudpickle  # noqa: F401
     import torch  # noqa: F401
+
     # A rank's first optimizer step imports torch._dynamo (~1.5 s): paid once
     # here rather than by every rank of every group.
     import torch._dynamo  # noqa: F401
@@ -197,7 +198,8 @@ def _dump_result(value) -> bytes:
         return cpu_pickle.dumps(value)
     except Exception as exc:
         raise TypeError(f"the return value ({type(value).__name__}) cannot be sent back to "
-                        f"the notebook: {exc}. Return tensors, numbers or plain containers.") from None
+                        f"the notebook: {exc}. Return tensors, numbers or plain "
+                        "containers.") from None
 
 
 def describe_exception(exc: BaseException) -> dict:

@@ -7,5 +7,6 @@
 
 This package re-exports the lesson (the names the chapter defines).
 """
-from labsupport.memory.checkpointing import (CALLS, attention_core, attention, layer,
-                                             forward)
+from labsupport.memory.checkpointing import CALLS, attention, attention_core, forward, layer
+
+__all__ = ["CALLS", "attention", "attention_core", "forward", "layer"]

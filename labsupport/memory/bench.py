@@ -21,9 +21,9 @@ import time
 import torch
 
 from labsupport import models
+from labsupport.memory import calc as memory_calc
 from labsupport.memory import checkpointing
 from labsupport.memory import tally as memory
-from labsupport.memory import calc as memory_calc
 
 POLICIES = ("none", "selective", "full")
 

@@ -139,7 +139,8 @@ def training_memory(model: Model, seq, batch, precision="mixed", checkpointing="
 
 
 def max_params(device_bytes, precision="mixed") -> float:
-    """The largest Ψ whose states fit in ``device_bytes`` (80 GB / 16 B = 5B), activations aside."""
+    """The largest Ψ whose states fit in ``device_bytes`` (80 GB / 16 B = 5B),
+    activations aside."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: use one of {sorted(PRECISIONS)}")
     return device_bytes / sum(PRECISIONS[precision])

@@ -10,8 +10,22 @@
 
 This package re-exports the lesson (the names the chapter defines).
 """
-from labsupport.pipeline.pipeline import (send, post_ready, wait_for, recv,
-                                          forward_step, backward_step, PipelineRank,
-                                          run_step, train_step_naive, train_step_afab,
-                                          train_step_1f1b, train_step_interleaved,
-                                          run_step_torch)
+from labsupport.pipeline.pipeline import (
+    PipelineRank,
+    backward_step,
+    forward_step,
+    post_ready,
+    recv,
+    run_step,
+    run_step_torch,
+    send,
+    train_step_1f1b,
+    train_step_afab,
+    train_step_interleaved,
+    train_step_naive,
+    wait_for,
+)
+
+__all__ = ["PipelineRank", "backward_step", "forward_step", "post_ready", "recv", "run_step",
+           "run_step_torch", "send", "train_step_1f1b", "train_step_afab",
+           "train_step_interleaved", "train_step_naive", "wait_for"]

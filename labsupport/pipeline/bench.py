@@ -17,9 +17,8 @@ and the measurement says so (CPU share < 100%).
 import argparse
 import time
 
-from labsupport.pipeline import bubbles
-from labsupport.pipeline import pipeline
 from labsupport.launch import session
+from labsupport.pipeline import bubbles, pipeline
 
 
 def plan(p, ms):
@@ -53,7 +52,8 @@ def main(argv=None):
             matched, total = matched + ok, total + 1
             print(f"{r['schedule']:>12} {p:2d} {m:2d} {v:2d} {r['formula']:8.3f} "
                   f"{r['replay']:8.3f} {r['measured']:8.3f} {r['measured'] / r['formula']:6.2f} "
-                  f"{'yes' if ok else 'no':>7} {r['formula_ratio']:6.3f}/{r['measured_ratio']:.3f} "
+                  f"{'yes' if ok else 'no':>7} "
+                  f"{r['formula_ratio']:6.3f}/{r['measured_ratio']:.3f} "
                   f"{min(r['cpu_share'], 1):5.0%}", flush=True)
     session.shutdown()
     print(f"{matched} of {total} configurations within {args.tolerance:.0%} of the formula; "

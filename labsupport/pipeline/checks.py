@@ -19,7 +19,6 @@ from labsupport import your_turn
 from labsupport.checking.diagnosis import name_of
 
 
-
 def _order_1f1b(rank, world_size, m):
     from labsupport.pipeline import pipeline
     from labsupport.pipeline import sim as pipeline_sim

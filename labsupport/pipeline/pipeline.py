@@ -17,11 +17,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from labsupport.pipeline import sim as pipeline_sim
 # ``ls.device()`` as the notebook writes it (the functions below are its copies)
 from labsupport.launch import identity as ls
 from labsupport.models import DeepMLP
+from labsupport.pipeline import sim as pipeline_sim
 from labsupport.timeline import Timeline
+
 
 def split_stages(model: DeepMLP, num_stages: int) -> list[nn.Sequential]:
     """The MLP's hidden blocks in ``num_stages`` equal stages, for equal stage times.

@@ -76,7 +76,8 @@ class ScheduleDeadlock(RuntimeError):
 
 def orders(schedule, p: int, m: int, v: int = 1, split: bool = False) -> list[list[tuple]]:
     """Each rank's calls, in order: ``[("F", stage, micro-batch), ("B", ...), ...]``
-    (and ``("W", ...)`` with ``split``); ``IncompleteSchedule`` (a ValueError) if a rank misses one."""
+    (and ``("W", ...)`` with ``split``); ``IncompleteSchedule`` (a ValueError) if a rank
+    misses one."""
     result = []
     for rank in range(p):
         recorder = OrderRecorder(rank, p, m, v, split)

@@ -39,9 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from labsupport import models
+from labsupport.checking.diagnosis import name_of
 from labsupport.pipeline import pipeline
 from labsupport.pipeline import sim as pipeline_sim
-from labsupport.checking.diagnosis import name_of
 
 MODEL_KW = dict(d_in=32, width=64, depth=9, d_out=8, seed=0)
 ROWS = 8  # samples per micro-batch

@@ -5,6 +5,18 @@
 
 This package re-exports the lesson (the names the chapter defines).
 """
-from labsupport.ring.ring import (exchange, ring_allreduce_naive, ring_allreduce_simple,
-                                  SEGMENT_BYTES, WINDOW, arrivals, landing, finish,
-                                  pass_along, ring_allreduce)
+from labsupport.ring.ring import (
+    SEGMENT_BYTES,
+    WINDOW,
+    arrivals,
+    exchange,
+    finish,
+    landing,
+    pass_along,
+    ring_allreduce,
+    ring_allreduce_naive,
+    ring_allreduce_simple,
+)
+
+__all__ = ["SEGMENT_BYTES", "WINDOW", "arrivals", "exchange", "finish", "landing", "pass_along",
+           "ring_allreduce", "ring_allreduce_naive", "ring_allreduce_simple"]

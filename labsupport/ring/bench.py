@@ -19,7 +19,8 @@ HAND, LIBRARY = "ring_allreduce", "dist.all_reduce"
 
 def compare(rows, world_size, nbytes_list):
     """Lines of 'size, busbw of each, ratio' for one group size."""
-    lines = [f"N={world_size}  {'size':>8}  {HAND + ' busbw':>22}  {LIBRARY + ' busbw':>22}  ratio"]
+    lines = [f"N={world_size}  {'size':>8}  {HAND + ' busbw':>22}  "
+             f"{LIBRARY + ' busbw':>22}  ratio"]
     mine = [r for r in rows if r.world_size == world_size]
     for nbytes in nbytes_list:
         busbw = {r.label: r.busbw for r in mine if r.nbytes == nbytes}

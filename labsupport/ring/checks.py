@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from labsupport import calls
 from labsupport.checking import collective_checks
-from labsupport.checking.diagnosis import name_of as _name
 from labsupport.checking.collective_checks import WORLD_SIZES  # (2, 4): one home
+from labsupport.checking.diagnosis import name_of as _name
 
 LOOKAHEAD = 4  # receives a chain rank may post before it passes the first segment on
 

@@ -23,8 +23,8 @@ def _model(name, sp, cfg):
     from torch.distributed.device_mesh import init_device_mesh
 
     from labsupport import models
-    from labsupport.tensor_parallel import tensor_parallel
     from labsupport.tensor_parallel import gpt as tp_gpt
+    from labsupport.tensor_parallel import tensor_parallel
     if name == "ours":
         return tp_gpt.TensorParallelGPT(models.GPT(cfg, seed=0), sequence_parallel=sp)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
@@ -51,8 +51,8 @@ def _step_times(name, sp, cfg, batch, steps) -> list:
 
 
 def bench_world_size(world_size, args) -> dict:
-    from labsupport.launch import session
     from labsupport import models
+    from labsupport.launch import session
 
     cfg = models.GPTConfig(vocab_size=args.vocab, seq_len=args.seq, hidden=args.hidden,
                            heads=args.heads, layers=args.layers)

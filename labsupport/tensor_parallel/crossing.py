@@ -72,8 +72,11 @@ def _forward_times(h, repeats):
     import torch.nn.functional as F
 
     from labsupport.launch.identity import device
-    from labsupport.tensor_parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
-                                            enter_tp)
+    from labsupport.tensor_parallel.tensor_parallel import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        enter_tp,
+    )
 
     torch.manual_seed(0)
     fc1 = ColumnParallelLinear(torch.nn.Linear(h, 4 * h)).to(device())

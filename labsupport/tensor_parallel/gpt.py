@@ -13,7 +13,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from labsupport.tensor_parallel.tensor_parallel import (VocabParallelEmbedding, TensorParallelBlock, ColumnParallelLinear, my_chunk, enter_tp, GatherLastDim)
+from labsupport.tensor_parallel.tensor_parallel import (
+    ColumnParallelLinear,
+    GatherLastDim,
+    TensorParallelBlock,
+    VocabParallelEmbedding,
+    enter_tp,
+    my_chunk,
+)
 
 
 class TensorParallelGPT(nn.Module):

@@ -9,8 +9,8 @@
 The chapter's your-turn checks are in ``labsupport.tensor_parallel.checks``.
 """
 import torch
-from torch.distributed.tensor import DTensor, Replicate
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
 
 # torch.distributed's names of the lesson's collectives, and the book's
 _SHORT = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter"}

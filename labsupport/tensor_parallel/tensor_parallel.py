@@ -21,8 +21,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
-    ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel,
-    SequenceParallel, parallelize_module)
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 
 # --- lesson: notebooks/04_tensor_parallel.ipynb (the notebook's copy must match) ---

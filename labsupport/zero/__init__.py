@@ -8,4 +8,6 @@
 
 This package re-exports the lesson (the names the chapter defines).
 """
-from labsupport.zero.zero import (FlatParams, zero_step, Zero3)
+from labsupport.zero.zero import FlatParams, Zero3, zero_step
+
+__all__ = ["FlatParams", "Zero3", "zero_step"]

@@ -29,6 +29,7 @@ def _setup(version, model):
     """(model, optimizer, step) of one version; step(ids, targets) trains once."""
     import torch
     import torch.distributed as dist
+
     from labsupport.zero import zero
 
     if version in ("ZeRO-1", "ZeRO-2"):
@@ -65,6 +66,7 @@ def _setup(version, model):
 
 def _data(args):
     import torch.distributed as dist
+
     from labsupport import models
     ids, targets = models.toy_tokens(args.batch, args.seq_len, args.vocab, seed=1)
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -74,6 +76,7 @@ def _data(args):
 def _held(version, args) -> float:
     """Bytes held after two steps over the formula, on this rank."""
     import torch.distributed as dist
+
     from labsupport.memory import tally as memory
     model, optimizer, step = _setup(version, _model(args))
     for _ in range(2):

@@ -46,8 +46,7 @@ from labsupport.capstone import compare, trainer
 from labsupport.capstone.layout import Layout
 from labsupport.capstone.model import validate
 from labsupport.checking.diagnosis import TIMEOUT, log_path, name_of, run_on_ranks
-from labsupport.grading.grad_sync_4d.tied import (  # noqa: F401 - the tests' and notebook's
-    TiedStage, embedding_groups, tied_groups)
+from labsupport.grading.grad_sync_4d.tied import TiedStage, embedding_groups, tied_groups  # noqa: F401 - the tests' and notebook's
 from labsupport.launch import identity
 
 VISIBLE = {"two_stages": ((2, 1, 2, 1),), "one_stage": ((2, 2, 1, 1),),
@@ -310,13 +309,13 @@ def _diagnose(outs, ref, name, ranks, layout) -> str:
                 (cp, f"divided by dp = {dp} only: the cp ranks also saw different "
                      f"tokens (their positions), so divide by dp·cp = {dp * cp}"),
                 (dp, f"divided by cp = {cp} only: divide by dp·cp = {dp * cp}"),
-                (tp, f"summed over tp once too often, or a tp sum applied to a "
-                     f"gradient that is not partial"),
+                (tp, "summed over tp once too often, or a tp sum applied to a "
+                     "gradient that is not partial"),
                 (2, "counted twice")]
     for k, text in readings:
         if factor(k):
             return f"It is {k} times the one-process gradient: {text}."
-    for k, text in readings[:3]:
+    for k, _ in readings[:3]:
         if k > 1 and all(close(local[r] * k, want[r]) for r in ranks):
             return (f"It is 1/{k} of the one-process gradient: divided by {k} once too "
                     "often (average over dp x cp = a sum, then one division by dp·cp).")

@@ -33,13 +33,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from labsupport import calls, models
-from labsupport.memory import tally as memory
-from labsupport.checking import collective_checks
-from labsupport.checking import held
+from labsupport.checking import collective_checks, held
 from labsupport.grading.hybrid_sharded_dp import placement
 from labsupport.grading.hybrid_sharded_dp.placement import (  # noqa: F401 - the notebook's
-    EDGE_PLACEMENTS, PLACEMENTS, crossing, describe, expected_groups, order_problem, shape)
+    EDGE_PLACEMENTS,
+    PLACEMENTS,
+    crossing,
+    describe,
+    expected_groups,
+    order_problem,
+    shape,
+)
 from labsupport.launch import session
+from labsupport.memory import tally as memory
 
 SIZES = (5, 7, 3)                # the MLP's widths: parameters of 35, 7, 21, 3 elements
 BATCH, STEPS, LR = 8, 2, 0.1     # the global batch: each of the R·S ranks takes 1/(R·S)
