@@ -4,7 +4,7 @@ answers."""
 import pytest
 import torch
 
-from labsupport.memory import checks as grading_memory
+from labsupport.memory import checks
 from labsupport.your_turn import NotWritten, check
 
 
@@ -19,7 +19,7 @@ def predicted(model, optimizer):
 
 
 def test_predicted_state_bytes_check():
-    grading_memory.check_predicted_state_bytes(predicted)
+    checks.check_predicted_state_bytes(predicted)
 
     def four_bytes_each(model, optimizer):    # forgets bf16 is 2 bytes
         out = predicted(model, optimizer)
@@ -30,7 +30,7 @@ def test_predicted_state_bytes_check():
         return out
 
     with pytest.raises(AssertionError, match="bf16 GPT.*bytes predicted"):
-        grading_memory.check_predicted_state_bytes(four_bytes_each)
+        checks.check_predicted_state_bytes(four_bytes_each)
 
     def no_step_counters(model, optimizer):
         out = predicted(model, optimizer)
@@ -39,7 +39,7 @@ def test_predicted_state_bytes_check():
         return out
 
     with pytest.raises(AssertionError, match="optimizer = .*fp32 `step`"):
-        grading_memory.check_predicted_state_bytes(no_step_counters)
+        checks.check_predicted_state_bytes(no_step_counters)
 
     def momentum_always(model, optimizer):
         out = predicted(model, optimizer)
@@ -48,13 +48,13 @@ def test_predicted_state_bytes_check():
         return out
 
     with pytest.raises(AssertionError, match="plain SGD: optimizer"):
-        grading_memory.check_predicted_state_bytes(momentum_always)
+        checks.check_predicted_state_bytes(momentum_always)
 
     def state_counted_now(model, optimizer):   # counts tensors that do not exist yet
         return {"params": 0, "grads": 0, "optimizer": 0}
 
     with pytest.raises(AssertionError, match="params = 0 bytes predicted"):
-        grading_memory.check_predicted_state_bytes(state_counted_now)
+        checks.check_predicted_state_bytes(state_counted_now)
 
 
 def right_swiglu(s, b, h, f):
@@ -64,24 +64,24 @@ def right_swiglu(s, b, h, f):
 
 
 def test_swiglu_block_bytes_check():
-    grading_memory.check_swiglu_block_bytes(right_swiglu)
+    checks.check_swiglu_block_bytes(right_swiglu)
     exact = lambda s, b, h, f: right_swiglu(s, b, h, f) + 2 * 4 * s * b  # noqa: E731
-    grading_memory.check_swiglu_block_bytes(exact, rtol=0)    # + LayerNorm's statistics
+    checks.check_swiglu_block_bytes(exact, rtol=0)    # + LayerNorm's statistics
     gelu_copied = lambda s, b, h, f: 8 * s * b * h + 8 * s * b * f       # noqa: E731
     with pytest.raises(AssertionError, match="your formula gives"):
-        grading_memory.check_swiglu_block_bytes(gelu_copied)  # the GELU MLP's terms
+        checks.check_swiglu_block_bytes(gelu_copied)  # the GELU MLP's terms
     one_factor = lambda s, b, h, f: 8 * s * b * h + 12 * s * b * f       # noqa: E731
     with pytest.raises(AssertionError, match="both factors"):
-        grading_memory.check_swiglu_block_bytes(one_factor)   # the product's u only
+        checks.check_swiglu_block_bytes(one_factor)   # the product's u only
     input_twice = lambda s, b, h, f: 12 * s * b * h + 16 * s * b * f     # noqa: E731
     with pytest.raises(AssertionError, match="kept once"):
-        grading_memory.check_swiglu_block_bytes(input_twice)  # y counted for gate and up
+        checks.check_swiglu_block_bytes(input_twice)  # y counted for gate and up
 
 
 def test_untouched_stub_reads_not_written(capsys):
     def stub(*args):
         raise NotWritten("swiglu_block_bytes")
-    assert check(lambda: grading_memory.check_swiglu_block_bytes(stub),
+    assert check(lambda: checks.check_swiglu_block_bytes(stub),
                  "swiglu_block_bytes") is None
     assert "not written yet" in capsys.readouterr().out
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from labsupport import models
-from labsupport.memory import checkpointing
-from labsupport.memory import tally as memory
+from labsupport.memory import checkpointing, tally
 from nbtools import assert_lesson_copy
 
 
@@ -36,9 +35,9 @@ def test_checkpointing_holds_fewer_bytes(setup):
     model, (ids, targets) = setup
     held = {}
     for policy in ("none", "selective", "full"):
-        with memory.peak_tally() as tally:
+        with tally.peak_tally() as counter:
             loss = checkpointing.forward(model, ids, targets, policy)
-            held[policy] = tally.live
+            held[policy] = counter.live
         del loss
     assert held["full"] < held["selective"] < held["none"]
 

@@ -7,14 +7,11 @@ ranks (its shape; no speed asserted: the speed-up is the benchmark's,
 ``python -m labsupport.bench overlap``)."""
 import pytest
 
-import labsupport as ls
-from labsupport.bench import overlap as overlap_bench
 from labsupport.context_parallel import crossing
-from labsupport.context_parallel import crossing as cp
 
 SIZES = [16, 64, 256, 1024]
 FLOPS, ALPHA, BETA = 1e10, 1e-4, 1e9
-H, E = cp.HEADS * cp.HEAD_DIM, 4
+H, E = crossing.HEADS * crossing.HEAD_DIM, 4
 
 
 def _run(compute, transfer, wait=0.0):
@@ -41,12 +38,12 @@ def _rows(link_beta=BETA, late=0.0, wait=1e-3):
                              end={False: [late + off] * 3, True: [late + on] * 3},
                              events={o: [_run(compute, transfer, extra)] * 3
                                      for o in (False, True)}))
-        by_rank.append(dict(rows=rows, link=[ALPHA + s / link_beta for s in cp.LINK_BYTES]))
+        by_rank.append(dict(rows=rows, link=[ALPHA + s / link_beta for s in crossing.LINK_BYTES]))
     return by_rank
 
 
 def test_the_curves_crossing_and_speedups_from_given_timelines():
-    c = cp.summarise(SIZES, _rows())
+    c = crossing.summarise(SIZES, _rows())
     assert c.compute == [pytest.approx(4 * s * s * H / FLOPS) for s in SIZES]
     assert c.comm == [pytest.approx(ALPHA + 2 * s * H * E / BETA) for s in SIZES]
     assert c.extra["flops_per_s"] == pytest.approx(FLOPS)
@@ -59,9 +56,9 @@ def test_the_curves_crossing_and_speedups_from_given_timelines():
     # perfect overlap: every measured speed-up is (2a + b) / (a + max(a, b)); rank 1's
     # wait, 1 ms longer (a late peer), could hide more: its pair's bound is higher
     for a, b, up, most in zip(c.compute, c.comm, c.extra["speedup"], c.extra["bound"]):
-        assert up == pytest.approx(cp.bound(a, b)) and most >= up
-    same = cp.summarise(SIZES, _rows(wait=0.0))                # both ranks wait alike
-    assert same.extra["bound"] == [pytest.approx(cp.bound(a, b))
+        assert up == pytest.approx(crossing.bound(a, b)) and most >= up
+    same = crossing.summarise(SIZES, _rows(wait=0.0))                # both ranks wait alike
+    assert same.extra["bound"] == [pytest.approx(crossing.bound(a, b))
                                    for a, b in zip(same.compute, same.comm)]
     assert c.extra["overlap_speedup_large_block"] == c.extra["speedup"][SIZES.index(large)]
     assert c.extra["speedup_range"] == [(pytest.approx(s), pytest.approx(s))
@@ -69,14 +66,14 @@ def test_the_curves_crossing_and_speedups_from_given_timelines():
 
 
 def test_the_formula_comes_from_the_link_not_from_the_sweeps_transfers():
-    slow = cp.summarise(SIZES, _rows(link_beta=BETA / 4))   # the link 4x slower than the ring
+    slow = crossing.summarise(SIZES, _rows(link_beta=BETA / 4))   # a link 4x slower than the ring
     assert slow.extra["bytes_per_s"] == pytest.approx(BETA / 4, rel=1e-3)
-    assert slow.comm == cp.summarise(SIZES, _rows()).comm  # the measured curve is unchanged
+    assert slow.comm == crossing.summarise(SIZES, _rows()).comm  # the measured curve is unchanged
     assert slow.formula > 2 * slow.measured                 # the formula moves on its own
 
 
 def test_a_rank_leaving_the_barrier_late_does_not_count_as_ring_time():
-    on_time, late = cp.summarise(SIZES, _rows()), cp.summarise(SIZES, _rows(late=5e-3))
+    on_time, late = crossing.summarise(SIZES, _rows()), crossing.summarise(SIZES, _rows(late=5e-3))
     assert late.extra["speedup"] == [pytest.approx(s) for s in on_time.extra["speedup"]]
 
 
@@ -84,22 +81,9 @@ def test_a_rank_leaving_the_barrier_late_does_not_count_as_ring_time():
     (1.0, 1.0, 2, 1.5), (2.0, 1.0, 2, 1.25), (1.0, 4.0, 2, 1.2), (1.0, 1.0, 4, 1.75),
     (100.0, 1.0, 2, 201 / 200)])
 def test_the_bound(a, b, n, want):
-    assert cp.bound(a, b, n) == pytest.approx(want)
+    assert crossing.bound(a, b, n) == pytest.approx(want)
 
 
 def test_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="at least 2 positive block lengths"):
-        cp.sweep(sizes=[0, 16])
-
-
-def test_the_small_sweep_on_two_ranks():
-    assert overlap_bench.SWEEPS[6] is crossing
-    try:
-        c = crossing.sweep(small=True)
-    finally:
-        ls.shutdown()
-    assert c.sizes == cp.SIZES[True] and len(c.compute) == len(c.comm) == len(c.sizes)
-    assert all(t > 0 for t in c.compute + c.comm) and c.formula > 0
-    assert c.compute[-1] > c.compute[0]                 # c² grows faster than c
-    assert len(c.extra["bound"]) == len(c.sizes) and all(1 <= b <= 1.5 for b in c.extra["bound"])
-    assert set(c.extra["events"][c.sizes[0]]) == {False, True}
+        crossing.sweep(sizes=[0, 16])

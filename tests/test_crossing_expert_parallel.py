@@ -6,27 +6,24 @@ then the small sweep on 2 ranks (its shape; no speed asserted: the ratio is the
 benchmark's, ``python -m labsupport.bench overlap``)."""
 import pytest
 
-import labsupport as ls
 from labsupport import overlap
-from labsupport.bench import overlap as overlap_bench
 from labsupport.expert_parallel import crossing
-from labsupport.expert_parallel import crossing as ep
 
 FFNS, TOKENS = [16, 64, 256, 1024], 512
 
 
 def test_the_formula_meets_the_experts_where_the_step_s_all_to_alls_take_as_long():
-    rows = TOKENS * ep.TOP_K                            # a balanced router
+    rows = TOKENS * crossing.TOP_K                            # a balanced router
     flops, alpha, beta = 1e10, 1e-4, 1e9                # 10 GFLOP/s; 100 us, 1 GB/s
-    link = [alpha + s / beta for s in ep.LINK_BYTES]
-    step = 4 * (alpha + rows * ep.HIDDEN * 4 / beta) + alpha + 8 * ep.EXPERTS / beta
-    compute = [12 * rows * ep.HIDDEN * f / flops for f in FFNS]
-    c = ep.crossing(FFNS, TOKENS, compute, [step] * len(FFNS), [rows] * len(FFNS),
+    link = [alpha + s / beta for s in crossing.LINK_BYTES]
+    step = 4 * (alpha + rows * crossing.HIDDEN * 4 / beta) + alpha + 8 * crossing.EXPERTS / beta
+    compute = [12 * rows * crossing.HIDDEN * f / flops for f in FFNS]
+    c = crossing.crossing(FFNS, TOKENS, compute, [step] * len(FFNS), [rows] * len(FFNS),
                     link, matmul_flops=4e10)
     assert c.extra["alpha"] == pytest.approx(alpha)
     assert c.extra["beta"] == pytest.approx(beta)
     assert c.extra["step_comm"] == pytest.approx(step)
-    assert c.formula == pytest.approx(step * flops / (12 * rows * ep.HIDDEN), rel=1e-6)
+    assert c.formula == pytest.approx(step * flops / (12 * rows * crossing.HIDDEN), rel=1e-6)
     assert c.measured == pytest.approx(c.formula, rel=1e-6)   # exact: straight lines
     assert c.extra["f_matmul"] == pytest.approx(4 * c.formula, rel=1e-6)
     assert c.extra["bandwidth_only"] == pytest.approx(4 / 3 * flops / beta)   # e/3 C/β
@@ -45,26 +42,11 @@ def test_the_least_waiting_rank_is_taken_call_by_call():
     def rank(comm):                                     # two widths, the same calls
         width = dict(compute=[1.0, 1.0], comm=comm, rows=1024)
         return dict(rows=[width, dict(width, compute=[4.0, 4.0])],
-                    link=[1e-4 + s / 1e9 for s in ep.LINK_BYTES], matmul_flops=1e10)
+                    link=[1e-4 + s / 1e9 for s in crossing.LINK_BYTES], matmul_flops=1e10)
     by_rank = [rank([[1.0, 5.0], [2.0, 2.0]]), rank([[4.0, 1.0], [3.0, 1.0]])]
-    c = ep.summarise([64, 256], 512, by_rank)
+    c = crossing.summarise([64, 256], 512, by_rank)
     assert c.comm == [pytest.approx(2.5)] * 2              # runs: 1 + 1 = 2, 2 + 1 = 3
     assert c.compute == [1.0, 4.0]
     assert c.extra["comm_range"] == [(2.0, 3.0)] * 2
     slowest = c.extra["slowest_rank_comm"]
     assert slowest == [pytest.approx(5.0)] * 2            # max(6, 5), max(4, 4)
-
-
-def test_the_small_sweep_on_two_ranks():
-    assert overlap_bench.SWEEPS[9] is crossing
-    try:
-        c = crossing.sweep(small=True)
-    finally:
-        ls.shutdown()
-    assert c.sizes == ep.SIZES[True]["ffns"]
-    assert len(c.compute) == len(c.comm) == len(c.sizes)
-    assert min(c.compute) > 0 and min(c.comm) > 0
-    assert c.compute[-1] > c.compute[0]                 # wider experts, longer compute
-    assert all(r > 0 for r in c.extra["rows"]) and c.formula > 0
-    assert all(lo <= m <= hi for m, (lo, hi) in zip(c.comm, c.extra["comm_range"]))
-    assert c.extra["alpha"] >= 0 and c.extra["beta"] > 0

@@ -6,22 +6,20 @@ import pytest
 import torch
 
 import labsupport as ls
-from labsupport.bench import overlap as overlap_bench
 from labsupport.pipeline import crossing
-from labsupport.pipeline import crossing as pipeline
 
 HIDDEN = [32, 256, 1024, 4096]
 
 
-def _model(h, flops, alpha, beta, tokens=pipeline.TOKENS, blocks=pipeline.STAGE_BLOCKS):
+def _model(h, flops, alpha, beta, tokens=crossing.TOKENS, blocks=crossing.STAGE_BLOCKS):
     return 2 * tokens * blocks * h * h / flops, alpha + tokens * h * 4 / beta
 
 
 def test_the_formula_meets_the_forward_where_the_send_takes_as_long():
     flops, alpha, beta = 1e10, 2e-4, 1e9
     times = [_model(h, flops, alpha, beta) for h in HIDDEN]
-    link = [alpha + n / beta for n in pipeline.LINK_BYTES]
-    c = pipeline.crossing(HIDDEN, [t for t, _ in times], [m for _, m in times], link)
+    link = [alpha + n / beta for n in crossing.LINK_BYTES]
+    c = crossing.crossing(HIDDEN, [t for t, _ in times], [m for _, m in times], link)
     assert c.extra["flops_per_s"] == pytest.approx(flops)
     assert (c.extra["alpha"], c.extra["beta"]) == (pytest.approx(alpha), pytest.approx(beta))
     compute, comm = _model(c.formula, flops, alpha, beta)
@@ -31,29 +29,16 @@ def test_the_formula_meets_the_forward_where_the_send_takes_as_long():
 
 
 def test_the_stage_is_the_chapters_blocks():
-    stage = pipeline.stage(64, 2)
+    stage = crossing.stage(64, 2)
     linears = [m for m in stage.modules() if isinstance(m, torch.nn.Linear)]
     assert [tuple(m.weight.shape) for m in linears] == [(64, 64), (64, 64)]
 
 
 def test_one_message_each_way_in_its_own_batch():
     try:
-        calls = ls.start(world_size=2).run(lambda: pipeline.ping_pong(torch.ones(8))[0])
+        calls = ls.start(world_size=2).run(lambda: crossing.ping_pong(torch.ones(8))[0])
     finally:
         ls.shutdown()
     for rank, log in enumerate(calls):
         kinds = [c["op"] for c in log]
         assert kinds == (["isend", "irecv"] if rank == 0 else ["irecv", "isend"]), kinds
-
-
-def test_the_small_sweep_on_two_ranks():
-    assert overlap_bench.SWEEPS[5] is crossing
-    try:
-        c = crossing.sweep(small=True)
-    finally:
-        ls.shutdown()
-    assert c.sizes == pipeline.SIZES[True]
-    assert len(c.compute) == len(c.comm) == len(c.sizes)
-    assert min(c.compute) > 0 and min(c.comm) > 0
-    assert c.compute[-1] > c.compute[0]                   # wider, longer forward
-    assert c.formula is not None and c.extra["beta"] > 0

@@ -5,41 +5,24 @@ from given times (exact), then the small sweep on 2 ranks (its shape; no speed a
 the ratio is the benchmark's, ``python -m labsupport.bench overlap``)."""
 import pytest
 
-import labsupport as ls
-from labsupport.bench import overlap as overlap_bench
 from labsupport.tensor_parallel import crossing
-from labsupport.tensor_parallel import crossing as tp_crossing
 
 HIDDENS = [16, 64, 256, 1024]
 
 
 def test_the_formula_meets_the_matmuls_where_the_all_reduce_takes_as_long():
     flops, alpha, beta = 1e10, 1e-3, 1e9
-    compute = [tp_crossing.mlp_flops(h) / flops for h in HIDDENS]   # exact h² curve
-    comm = [alpha + tp_crossing.TOKENS * h * 4 / beta for h in HIDDENS]
-    c = tp_crossing.crossing(HIDDENS, list(zip(compute, comm)), (alpha, beta))
+    compute = [crossing.mlp_flops(h) / flops for h in HIDDENS]   # exact h² curve
+    comm = [alpha + crossing.TOKENS * h * 4 / beta for h in HIDDENS]
+    c = crossing.crossing(HIDDENS, list(zip(compute, comm)), (alpha, beta))
     h = c.formula
-    assert tp_crossing.mlp_flops(h) / flops == pytest.approx(
-        alpha + tp_crossing.TOKENS * h * 4 / beta, rel=1e-6)
+    assert crossing.mlp_flops(h) / flops == pytest.approx(
+        alpha + crossing.TOKENS * h * 4 / beta, rel=1e-6)
     assert c.extra["flops"] == pytest.approx(flops)
     assert c.measured == pytest.approx(c.formula, rel=0.2)   # log-log interpolation
-    assert tp_crossing.mlp_flops(64) == 4 * 256 * 64 * 256 / 2
+    assert crossing.mlp_flops(64) == 4 * 256 * 64 * 256 / 2
 
 
 def test_no_crossing_when_the_matmuls_never_catch_up():
-    c = tp_crossing.crossing(HIDDENS, [(1e-6, 1.0)] * len(HIDDENS), (1e-3, 1e9))
+    c = crossing.crossing(HIDDENS, [(1e-6, 1.0)] * len(HIDDENS), (1e-3, 1e9))
     assert c.measured is None and c.ratio is None
-
-
-def test_the_small_sweep_on_two_ranks():
-    assert overlap_bench.SWEEPS[4] is crossing
-    try:
-        c = crossing.sweep(small=True)
-    finally:
-        ls.shutdown()
-    assert c.sizes == tp_crossing.HIDDENS[True]
-    assert len(c.compute) == len(c.comm) == len(c.sizes)
-    assert min(c.compute) > 0 and min(c.comm) > 0
-    assert c.compute[-1] > c.compute[0]                  # wider MLP, longer matmuls
-    assert c.extra["alpha"] >= 0 and c.extra["beta"] > 0
-    assert c.formula is not None and c.formula > 0

@@ -6,11 +6,11 @@
 import pytest
 
 from labsupport import overlap
-from labsupport.zero import crossing as zero3
+from labsupport.zero import crossing
 
 SIZES = [16, 64, 256, 1024]
 FLOPS, ALPHA, BETA, PARAMS = 1e11, 2e-4, 1e9, 400_000
-SHAPE, N = zero3.SHAPE, zero3.WORLD_SIZE
+SHAPE, N = crossing.SHAPE, crossing.WORLD_SIZE
 PER_TOKEN = overlap.decoder_flops(1, SHAPE["seq_len"], 1, SHAPE["hidden"], 0,
                                   4 * SHAPE["hidden"], backward=False)
 
@@ -30,12 +30,12 @@ def _by_rank(link_beta=BETA):
         off, on = layers * (a + gather), gather + (layers - 1) * max(a, gather) + a
         rows.append(dict(seconds={False: [off] * 3, True: [on] * 3}, block_params=PARAMS,
                          events={o: [_run(a, gather)] * 3 for o in (False, True)}))
-    link = [ALPHA + s / link_beta for s in zero3.LINK_BYTES]
+    link = [ALPHA + s / link_beta for s in crossing.LINK_BYTES]
     return [dict(rows=rows, link=link) for _ in range(N)]
 
 
 def test_the_curves_and_the_formula_from_given_times():
-    c = zero3.summarise(SIZES, _by_rank(), SHAPE, N)
+    c = crossing.summarise(SIZES, _by_rank(), SHAPE, N)
     gather = ALPHA + 4 * PARAMS / BETA
     assert c.compute == [pytest.approx(t * PER_TOKEN / FLOPS) for t in SIZES]
     assert c.comm == [pytest.approx(gather)] * len(SIZES)
@@ -48,12 +48,12 @@ def test_the_curves_and_the_formula_from_given_times():
 
 
 def test_the_formula_comes_from_the_link_not_from_the_sweeps_all_gathers():
-    slow = zero3.summarise(SIZES, _by_rank(link_beta=BETA / 4), SHAPE, N)
-    assert slow.comm == zero3.summarise(SIZES, _by_rank(), SHAPE, N).comm
+    slow = crossing.summarise(SIZES, _by_rank(link_beta=BETA / 4), SHAPE, N)
+    assert slow.comm == crossing.summarise(SIZES, _by_rank(), SHAPE, N).comm
     assert slow.formula > 2 * slow.measured
 
 
 @pytest.mark.parametrize("a, b, want", [(1.0, 1.0, 8 / 5), (3.0, 1.0, 16 / 13),
                                         (1.0, 3.0, 16 / 13)])
 def test_the_bound_of_four_blocks(a, b, want):
-    assert zero3.bound(a, b, blocks=4) == pytest.approx(want)
+    assert crossing.bound(a, b, blocks=4) == pytest.approx(want)

@@ -334,8 +334,8 @@ def probes_time_the_device():
     """Per probe, the devices its clock waited for: ddp_probe's steps, chapter 5's
     pipeline (zero-bubble's harness is its subclass), and the time-beside-bytes
     sweeps of chapters 4 (forward and g's all-reduce) and 5 (a stage's forward)."""
-    from labsupport.pipeline import crossing as pp_crossing
-    from labsupport.tensor_parallel import crossing as tp_crossing
+    import labsupport.pipeline.crossing
+    import labsupport.tensor_parallel.crossing
     seen, sync = [], timing.sync
     timing.sync = lambda device=None: seen.append(str(device)) or sync(device)
 
@@ -352,9 +352,11 @@ def probes_time_the_device():
                                  ddp.DataParallelNaive, x, y, steps=1, warmup=0),
             "pipeline": devices(pipeline.run_step, pipeline.train_step_1f1b, x4, y4, 2, 1,
                                 dict(d_in=8, width=16, depth=3, d_out=4, seed=0)),
-            "crossings.tensor_parallel": devices(tp_crossing._forward_times, 16, 1),
-            "crossings.pipeline": devices(pp_crossing._forward_and_send,
-                                          pp_crossing.stage(16, 1), torch.randn(8, 16))}
+            "crossings.tensor_parallel": devices(
+                labsupport.tensor_parallel.crossing._forward_times, 16, 1),
+            "crossings.pipeline": devices(labsupport.pipeline.crossing._forward_and_send,
+                                          labsupport.pipeline.crossing.stage(16, 1),
+                                          torch.randn(8, 16))}
     finally:
         timing.sync = sync
 

@@ -5,7 +5,7 @@ import torch
 
 from labsupport import models
 from labsupport.memory import calc as memory_calc
-from labsupport.memory import tally as memory
+from labsupport.memory import tally
 
 
 def test_gpt_params_counts_the_shared_decoder():
@@ -40,7 +40,7 @@ def test_flash_keeps_the_log_sum_exp_instead_of_the_scores():
     # torch's SDPA on CPU (the flash kernel) saves its output and that fp32 row statistic
     b, a, s, d = 2, 4, 16, 8
     q, k, v = (torch.randn(b, a, s, d, requires_grad=True) for _ in range(3))
-    with memory.saved_tensors(exclude=[q, k, v]) as saved:
+    with tally.saved_tensors(exclude=[q, k, v]) as saved:
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert saved.bytes == 4 * b * a * s * d + 4 * a * s * b
 
@@ -51,7 +51,7 @@ def test_one_layer_fp32_matches_what_autograd_saves(dropout):
     cfg = models.GPTConfig(seq_len=s, hidden=h, heads=a, dropout=dropout)
     block = models.GPT(cfg).blocks[0]
     x = torch.randn(b, s, h, requires_grad=True)
-    with memory.saved_tensors(exclude=block.parameters()) as saved:
+    with tally.saved_tensors(exclude=block.parameters()) as saved:
         block(x)
     # CPU dropout keeps its fp32 multiplier: m = e = 4 bytes per element.
     formula = memory_calc.activation_bytes_per_layer(s, b, h, a, e=4, dropout=dropout > 0, m=4)

@@ -22,7 +22,7 @@ from labsupport import calls, models, traffic
 from labsupport.context_parallel import ring_attention
 from labsupport.device_mesh import checks, mesh, planner
 from labsupport.memory import calc as memory_calc
-from labsupport.memory import tally as memory
+from labsupport.memory import tally
 from labsupport.tensor_parallel.gpt import TensorParallelGPT
 from nbtools import NOTEBOOK_DIR, assert_lesson_copy
 
@@ -130,7 +130,7 @@ def test_a_wrong_grid_size_says_how_many_ranks(cluster):
 def test_memory_module_counts_the_same_local_bytes(cluster, grid_run):
     def local_bytes():
         tp_group, _ = mesh.grid_groups(DP, TP)
-        return memory.storage_bytes(TensorParallelGPT(models.GPT(CFG, seed=0),
+        return tally.storage_bytes(TensorParallelGPT(models.GPT(CFG, seed=0),
                                                       tp_group).parameters())
     for got, (_, _, local) in zip(cluster.run(local_bytes), grid_run):
         assert got == local

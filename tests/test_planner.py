@@ -14,7 +14,7 @@ from labsupport import overlap
 from labsupport.device_mesh import planner
 from labsupport.device_mesh.planner import Job, Layout
 from labsupport.memory import calc as memory_calc
-from labsupport.memory import tally as memory
+from labsupport.memory import tally
 
 M = memory_calc.PRESETS["7B"]
 JOB = Job(M, seq=4096, global_batch=512)
@@ -235,8 +235,8 @@ def test_experts_split_over_ep_and_the_e_over_k_penalty():
     # the fullest stage is the first: the embedding and 8 micro-batches in flight
     states = planner.stage_memory(job, Layout(dp=32, tp=1, pp=8, ep=8))
     assert planner.device_memory(job, Layout(dp=32, tp=1, pp=8, ep=8)) == states[0]
-    want = [memory.model_state_bytes(dense_last, "mixed", 1, 32)["optimizer"],
-            memory.model_state_bytes(MIXTRAL_EXPERTS.params / 64, "mixed", 1, 4)["optimizer"]]
+    want = [tally.model_state_bytes(dense_last, "mixed", 1, 32)["optimizer"],
+            tally.model_state_bytes(MIXTRAL_EXPERTS.params / 64, "mixed", 1, 4)["optimizer"]]
     assert states[0]["optimizer"] == states[-1]["optimizer"] == pytest.approx(sum(want))
 
 
@@ -375,7 +375,7 @@ def test_the_logits_and_the_head_can_leave_only_the_last_stage_out_of_memory():
     assert fullest == rows[-1]
     # spread evenly (the old planner's Ψ/pp a stage) it would fit in 16 GB,
     # and so does the first stage (embedding, 8 micro-batches); the last does not
-    even = (memory.model_state_bytes(model.psi / 8, "mixed")["total"]
+    even = (tally.model_state_bytes(model.psi / 8, "mixed")["total"]
             + rows[1]["activations"])
     assert even < rows[0]["total"] < 16e9 < fullest["total"]
     assert layout not in [r["layout"] for r in planner.plan(job, 64, H100, 16e9)]

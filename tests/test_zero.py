@@ -414,12 +414,12 @@ def test_prefetch_holds_one_more_unit(cluster):
 
 def test_the_zero3_sweep_runs_small_and_gives_its_crossings():
     from labsupport.crossings import Crossing
-    from labsupport.zero import crossing as sweep_module
-    c = sweep_module.sweep(small=True)
-    assert isinstance(c, Crossing) and c.sizes == sweep_module.SIZES[True] == [16, 128, 512]
+    from labsupport.zero import crossing
+    c = crossing.sweep(small=True)
+    assert isinstance(c, Crossing) and c.sizes == crossing.SIZES[True] == [16, 128, 512]
     assert all(t > 0 for t in c.compute + c.comm) and c.formula > 0
     assert len(c.extra["speedup"]) == len(c.extra["bound"]) == 3
     assert set(c.extra["events"][16]) == {False, True}
     assert {e["lane"] for e in c.extra["events"][16][True]} == {"compute", "comm"}
     with pytest.raises(ValueError, match="multiples of 16"):
-        sweep_module.sweep(sizes=[10])
+        crossing.sweep(sizes=[10])

@@ -18,17 +18,19 @@ the script then exits with status 1, saying which.
 import argparse
 import sys
 
-from labsupport.context_parallel import crossing as context_parallel
-from labsupport.data_parallel import crossing as data_parallel
-from labsupport.device_mesh import crossing as device_mesh
-from labsupport.expert_parallel import crossing as expert_parallel
-from labsupport.pipeline import crossing as pipeline
-from labsupport.tensor_parallel import crossing as tensor_parallel
-from labsupport.zero import crossing as zero
+import labsupport.context_parallel.crossing
+import labsupport.data_parallel.crossing
+import labsupport.device_mesh.crossing
+import labsupport.expert_parallel.crossing
+import labsupport.pipeline.crossing
+import labsupport.tensor_parallel.crossing
+import labsupport.zero.crossing
 
-# chapter -> its time-beside-bytes sweep, in the book's order
-SWEEPS = {3: data_parallel, 4: tensor_parallel, 5: pipeline, 6: context_parallel,
-          7: zero, 8: device_mesh, 9: expert_parallel}
+# chapter -> its time-beside-bytes sweep (its topic's crossing.py), in the book's order
+SWEEPS = {3: labsupport.data_parallel.crossing, 4: labsupport.tensor_parallel.crossing,
+          5: labsupport.pipeline.crossing, 6: labsupport.context_parallel.crossing,
+          7: labsupport.zero.crossing, 8: labsupport.device_mesh.crossing,
+          9: labsupport.expert_parallel.crossing}
 
 
 def technique(chapter):

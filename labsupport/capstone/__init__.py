@@ -6,18 +6,24 @@
   ``view(dp, pp, cp, tp)`` (tp innermost), and the groups of each dimension;
 - ``model``: a rank's stage of the untied decoder (chapter 4's TP/SP layers,
   chapter 6's ring attention), built from the whole seeded model;
-- ``trainer``: ``train(layout, steps)`` (chapter 5's 1F1B, the gradient sync
-  over tp and dp x cp) and ``reference``, the same training in one process;
+- ``trainer``: ``TrainConfig`` (model, data, optimizer), ``run_steps`` (the one
+  training loop: it steps, times and records), ``train(layout, steps)`` (chapter
+  5's 1F1B, the gradient sync over tp and dp x cp) and ``reference``, the same
+  training in one process;
 - ``compare``: parity against one process, and ``compare(a, b)``, which names
   the first parameter whose gradient (or update) differs and the reduction
   (or the optimizer's double step) that explains it;
+- ``native``: the same training from torch's FSDP2, DTensor TP + SP and
+  pipelining's Schedule1F1B (hand ring attention for cp: ``context_parallel``
+  raises on a CPU);
 - ``checkpoint``: the training state saved with DCP at one layout and loaded at
   another (``train(checkpoint_every=, checkpoint_dir=, resume=)``);
 - ``run``: ``train`` as a torchrun script (``python -m labsupport.capstone.run``);
 - ``evaluate``: validation loss in bits per byte, text sampled with a seed;
 - ``flops``: FLOPs per token both ways, measured and theoretical peaks, MFU;
 - ``breakdown``: where a step's time goes, from its recorded timeline;
-- ``checks``: the your-turn checks of notebooks/11_capstone.ipynb.
+- ``checks``: the your-turn checks of notebooks/11_capstone.ipynb; ``bench``:
+  ``python -m labsupport.bench capstone``.
 
 Nothing is re-exported.
 """

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from labsupport import _patch, calls, models
 from labsupport.checking import collective_checks, held
-from labsupport.memory import tally as memory
+from labsupport.memory import tally
 
 CFG = models.GPTConfig(vocab_size=37, seq_len=8, hidden=15, heads=3, layers=2)  # Ψ odd
 STEPS, BATCH = 3, 8
@@ -225,7 +225,7 @@ def _after_finish(zero, params) -> dict:
     return dict(param_grads=[tuple(p.shape) for p in params if p.grad is not None],
                 bucket_grads=[i for i, b in enumerate(zero.buckets)
                               if getattr(b, "grad", None) is not None],
-                shard_grads=[memory.storage_bytes([b.param_shard.grad]) for b in zero.buckets])
+                shard_grads=[tally.storage_bytes([b.param_shard.grad]) for b in zero.buckets])
 
 
 def _runs(cls, world_sizes, bucket_numel, timeout):
@@ -322,7 +322,7 @@ def _assert_freed_after_finish(run, rank, n):
         raise AssertionError(
             f"rank {rank} of {n}: after finish(), the gradient shards hold "
             f"{after['shard_grads']} bytes (their whole storage, counted by "
-            f"memory.storage_bytes); expected {shards}: bucket.param_shard.grad "
+            f"tally.storage_bytes); expected {shards}: bucket.param_shard.grad "
             "must be a tensor of its own, the mean of this rank's shard only (a "
             "view into the full bucket keeps the whole bucket alive).")
     if after["held"] > sum(shards):

@@ -22,8 +22,7 @@ import torch
 
 from labsupport import models
 from labsupport.memory import calc as memory_calc
-from labsupport.memory import checkpointing
-from labsupport.memory import tally as memory
+from labsupport.memory import checkpointing, tally
 
 POLICIES = ("none", "selective", "full")
 
@@ -33,26 +32,26 @@ def measure(cfg, batch, steps):
     model = models.GPT(cfg, seed=0)
     ids, targets = models.toy_tokens(batch, cfg.seq_len, cfg.vocab_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with memory.saved_tensors(exclude=model.parameters()) as saved:
+    with tally.saved_tensors(exclude=model.parameters()) as saved:
         loss = model(ids, targets)
     loss.backward()
     optimizer.step()
     psi = sum(p.numel() for p in model.parameters())
     params = list(model.parameters())
-    states = (memory.storage_bytes(params) + memory.storage_bytes(p.grad for p in params)
-              + memory.optimizer_state_bytes(optimizer))
+    states = (tally.storage_bytes(params) + tally.storage_bytes(p.grad for p in params)
+              + tally.optimizer_state_bytes(optimizer))
     s, b, h, a = cfg.seq_len, batch, cfg.hidden, cfg.heads
     formula = cfg.layers * memory_calc.activation_bytes_per_layer(
         s, b, h, a, e=4, dropout=False) + memory_calc.head_activation_bytes(
         s, b, h, cfg.vocab_size, e=4, dropout=False)
     held, times = {}, {}
     for policy in POLICIES:
-        with memory.peak_tally() as tally:
+        with tally.peak_tally() as counter:
             loss = checkpointing.forward(model, ids, targets, policy)
-            held[policy] = tally.live
+            held[policy] = counter.live
         loss.backward()
         times[policy] = _median_time(model, ids, targets, policy, steps)
-    return dict(states=states / sum(memory.PRECISIONS["fp32"]) / psi,
+    return dict(states=states / sum(tally.PRECISIONS["fp32"]) / psi,
                 activations=saved.bytes / formula, held=held, times=times)
 
 

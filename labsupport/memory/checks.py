@@ -11,7 +11,7 @@ the case, the category and both numbers.
 import torch
 
 from labsupport import models
-from labsupport.memory import tally as memory
+from labsupport.memory import tally
 
 _SMALL = dict(vocab_size=64, seq_len=16, hidden=32, heads=4, layers=2)
 
@@ -30,9 +30,9 @@ def _step(model, opt):
 
 def _counted(model, opt) -> dict:
     params = list(model.parameters())
-    return {"params": memory.storage_bytes(params),
-            "grads": memory.storage_bytes(p.grad for p in params),
-            "optimizer": memory.optimizer_state_bytes(opt)}
+    return {"params": tally.storage_bytes(params),
+            "grads": tally.storage_bytes(p.grad for p in params),
+            "optimizer": tally.optimizer_state_bytes(opt)}
 
 
 _CASES = {
@@ -87,10 +87,10 @@ class SwiGLUBlock(torch.nn.Module):
 
 def measured_swiglu_bytes(s, b, h, f) -> int:
     """Bytes autograd saves for backward in one ``SwiGLUBlock(h, f)`` on (b, s, h),
-    weights excluded (``memory.saved_tensors``, distinct storages)."""
+    weights excluded (``tally.saved_tensors``, distinct storages)."""
     block = SwiGLUBlock(h, f)
     x = torch.randn(b, s, h, requires_grad=True)                # (b, s, h)
-    with memory.saved_tensors(exclude=block.parameters()) as saved:
+    with tally.saved_tensors(exclude=block.parameters()) as saved:
         block(x)
     return saved.bytes
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from labsupport import calls
-from labsupport.memory import tally as memory
+from labsupport.memory import tally
 from labsupport.tensor_parallel import probe as tp_probe
 
 _TOL = dict(rtol=1e-5, atol=1e-5)  # fp32: the same sums in another order
@@ -32,7 +32,7 @@ def check_shard_saving_linear(fn, batch=2, seq=8, h_in=6, h_out=4):
     x_full, w_full, g_full, ref_x, ref_w, y_ref = _one_process(batch, seq, h_in, h_out)
     x = x_full.chunk(n, 1)[rank].clone().requires_grad_()
     w = w_full.chunk(n, 0)[rank].clone().requires_grad_()
-    with memory.saved_tensors(exclude=[w]) as saved:
+    with tally.saved_tensors(exclude=[w]) as saved:
         y = fn.apply(x, w, None)
     _check_forward(rank, y, y_ref.detach().chunk(n, -1)[rank])
     _check_saved(rank, saved.bytes, x)

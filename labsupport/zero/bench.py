@@ -5,7 +5,7 @@
 On the shared GPT decoder in fp32 with AdamW, for data parallelism and ZeRO
 stages 1-3 (labsupport.zero.zero): the bytes each rank holds after a step
 (parameters, gradients, optimizer state; storages tallied by
-labsupport.memory.tally) over the ZeRO paper's formula (memory.model_state_bytes).
+labsupport.memory.tally) over the ZeRO paper's formula (tally.model_state_bytes).
 Then the median step time (slowest rank, median over ``--steps`` steps and
 over ``--rounds`` rounds) of the hand-written ZeRO-3 and of FSDP2's
 ``fully_shard``, alternating in each round. The last line is machine-readable:
@@ -77,16 +77,16 @@ def _held(version, args) -> float:
     """Bytes held after two steps over the formula, on this rank."""
     import torch.distributed as dist
 
-    from labsupport.memory import tally as memory
+    from labsupport.memory import tally
     model, optimizer, step = _setup(version, _model(args))
     for _ in range(2):
         step(*_data(args))
     held = list(model.parameters()) + [p for g in optimizer.param_groups for p in g["params"]]
-    total = (memory.storage_bytes(held) + memory.storage_bytes(p.grad for p in held)
-             + memory.optimizer_state_bytes(optimizer))
+    total = (tally.storage_bytes(held) + tally.storage_bytes(p.grad for p in held)
+             + tally.optimizer_state_bytes(optimizer))
     psi = sum(p.numel() for p in _model(args).parameters())
     stage = {"DP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3}[version]
-    formula = memory.model_state_bytes(psi, "fp32", stage, dist.get_world_size())["total"]
+    formula = tally.model_state_bytes(psi, "fp32", stage, dist.get_world_size())["total"]
     return total / formula
 
 

@@ -45,7 +45,7 @@ from labsupport.grading.hybrid_sharded_dp.placement import (  # noqa: F401 - the
     shape,
 )
 from labsupport.launch import session
-from labsupport.memory import tally as memory
+from labsupport.memory import tally
 
 SIZES = (5, 7, 3)                # the MLP's widths: parameters of 35, 7, 21, 3 elements
 BATCH, STEPS, LR = 8, 2, 0.1     # the global batch: each of the R·S ranks takes 1/(R·S)
@@ -117,9 +117,9 @@ def hsdp_training(make_groups, cls, node_of):
     with calls.record() as log:
         for step in range(STEPS):
             train_step(model, hsdp, *data(step), LR)
-    kept = dict(full=memory.storage_bytes(model.parameters()),
-                grads=memory.storage_bytes(p.grad for p in model.parameters()),
-                shards=memory.storage_bytes(getattr(hsdp, "shards", [])),
+    kept = dict(full=tally.storage_bytes(model.parameters()),
+                grads=tally.storage_bytes(p.grad for p in model.parameters()),
+                shards=tally.storage_bytes(getattr(hsdp, "shards", [])),
                 made=made.count(_roots(hsdp, model)))
     hsdp.gather()                              # the full parameters, to compare
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
