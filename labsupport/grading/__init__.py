@@ -26,7 +26,7 @@ __all__ = ["SIZES", "TIMEOUT", "WORLD_SIZES", "assert_rules", "check_all_gather"
 
 # The checks of later assignments and chapters' your-turn cells, reached as
 # ``ls.grading.<name>`` and imported on first use (they import torch's extras).
-_CHECKS = {"chapters", "grad_sync_4d", "hybrid_sharded_dp", "padded_expert_dispatch", "rabenseifner_allreduce",
+_CHECKS = {"chapters", "diagnose_the_job", "grad_sync_4d", "hybrid_sharded_dp", "padded_expert_dispatch", "rabenseifner_allreduce",
            "reshard_to_tensor_parallel", "vocab_parallel_xent", "zero2_overlap",
            "zero_bubble_pipeline", "zigzag_ring_attention"}
 
