@@ -159,7 +159,8 @@ def _marked(diagnose, cases, worth, timeout) -> list[dict]:
         earned = round(worth * share, 4)
         text = f"{where}: {earned:.2f}/{worth:.2f}"
         out.append(dict(earned=earned, worth=worth,
-                        text=text + (": " + "; ".join(problems) if problems else " ✓")))
+                        text=text + ("".join(f"\n  - {p}" for p in problems)
+                                     if problems else " ✓")))
     return out
 
 
@@ -236,10 +237,10 @@ def _hint(field, value, case) -> str:
     said = f"you said {field} = {_show(value)}"
     if field == "kind":
         detail = "flight_recorder" not in case.artefacts and case.kind in ("desync", "mismatch")
-        where = (" This run left no flight_recorder: DETAIL's messages give each rank's "
-                 "fingerprint (SequenceNumber, OpType, TensorShape, TensorDtypes)."
+        where = (". This run left no flight_recorder: DETAIL's messages give each rank's "
+                 "fingerprint (SequenceNumber, OpType, TensorShape, TensorDtypes)"
                  if detail else "")
-        return f"{said}, but {_KIND_HINT[case.kind]}.{where}"
+        return f"{said}, but {_KIND_HINT[case.kind]}{where}"
     if field == "ranks":
         if case.kind == "straggler" and value == [notes.get("decoy")]:
             return (f"{said}: that rank looks slowest in phase_times and is late at one "
@@ -350,7 +351,7 @@ def _raised(err) -> str:
               if "labsupport" not in f.filename.replace("\\", "/").split("/")]
     where = "".join(f"\n    line {f.lineno}, in {f.name}" + (
         f": {f.line.strip()}" if f.line and f.line.strip() else "") for f in frames[-3:])
-    text = f"{type(err).__name__}: {err}"
+    text = type(err).__name__ + (f": {err}" if str(err) else "")
     if isinstance(err, KeyError) and err.args and err.args[0] in (
             "flight_recorder", "messages", "collective_times", "phase_times",
             "replica_checksums", "replica_groups", "timeout_s"):
