@@ -342,7 +342,7 @@ SAYS = {  # submission -> {cell: text its error (0 points) or its printed report
 
 class TestNbgrader(RoundTrip):
     assignment, submissions, cells = ASSIGNMENT, SUBMISSIONS, CELLS
-    stubs, hidden = 5, ('"hangs", seed=4817', '"quiet", seed=9203')
+    stubs, hidden = 6, ('"hangs", seed=4817', '"quiet", seed=9203')
     try_cell, try_fails = "try-diagnose", ()  # it reports, never fails
     # Partial credit: a hidden cell's value is its points (nbgrader reads a number
     # as the score), so the expected scores are the unit layer's, per cell.
