@@ -20,7 +20,10 @@ scores, per cell (partial credit: the points a hidden cell returns) and in
 the exported CSV, are known.
 """
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -160,6 +163,19 @@ def test_each_seed_makes_other_cases_and_the_same_seed_the_same_ones():
     assert len(dj.hidden_cases("hangs", 100) + dj.hidden_cases("quiet", 100)) >= 10
     with pytest.raises(ValueError, match="100 and more"):
         dj.hidden_cases("hangs", 7)
+
+
+def test_the_same_seed_gives_the_same_cases_in_another_process():
+    """No hash order, no clock: another process (another PYTHONHASHSEED) makes the
+    same bytes, so a regrade on another machine gives the same marks."""
+    code = ("import hashlib, json; from labsupport.grading import diagnose_the_job as dj; "
+            "print(hashlib.sha256(json.dumps([[c.artefacts, c.verdict] for p in dj.PARTS "
+            "for c in dj.hidden_cases(p, 4817)]).encode()).hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True, cwd=sources.ROOT,
+                              env=dict(os.environ, PYTHONHASHSEED=seed)).stdout
+               for seed in ("1", "2")}
+    assert len(digests) == 1, digests
 
 
 def test_no_hidden_case_is_in_the_notebook():
