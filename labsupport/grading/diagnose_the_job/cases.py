@@ -171,27 +171,18 @@ def hang(seed, world_size, *, style="flat", how="extra", faulty=None, second=Fal
     names only the first). ``detail``: DETAIL's fingerprints stop the run instead."""
     rng = random.Random(f"hang-{seed}-{world_size}-{style}-{how}")
     n = world_size
-    if detail:
-        style = "flat"
-    groups, _ = _groups(style, n, rng)
+    groups, _ = _groups("flat" if detail else style, n, rng)
     sizes, steps = _sizes(rng), rng.randint(3, 5)
-    programs = {r: _program(style, n, r, groups, steps, sizes) for r in range(n)}
-    big = [g for g, ranks in groups.items() if len(ranks) >= 3 and
-           any(c.group == g and c.op not in P2P for c in programs[ranks[0]]) and
-           (faulty is None or set(faulty) <= set(ranks) and 2 * len(faulty) < len(ranks))]
-    group = rng.choice([g for g in big if g != "default_pg"] or big)
+    programs = {r: _program("flat" if detail else style, n, r, groups, steps, sizes)
+                for r in range(n)}
+    group, faulty = _faulty_group(rng, groups, programs, faulty)
     members = groups[group]
-    if faulty is None:
-        count = 2 if len(members) >= 5 and rng.random() < 0.4 else 1
-        faulty = sorted(rng.sample(members[1:], count))
-    faulty = sorted(faulty)
-    assert 2 * len(faulty) < len(members) and set(faulty) <= set(members), (faulty, members)
-    normal = [c for c in programs[members[0]] if c.group == group and c.op not in P2P]
+    normal = _calls_in(programs[members[0]], group)
     index, bad = _fault_point(rng, normal, how, len(normal) // 3,
                               len(normal) - (6 if second else 2))
     for r in faulty:
         programs[r] = _inject(programs[r], group, index, how, bad)
-    seq, later, ahead = index + 1, None, index
+    later, ahead = None, index
     if second:  # a lower-numbered rank deviates two calls further on
         others = [r for r in members if r not in faulty and r < faulty[0]]
         assert others and 2 * (len(faulty) + 1) < len(members), (faulty, members)
@@ -199,29 +190,47 @@ def hang(seed, world_size, *, style="flat", how="extra", faulty=None, second=Fal
         ahead, bad2 = _fault_point(rng, normal, "shape", index + 2)
         programs[later] = _inject(programs[later], group, ahead, "shape", bad2)
     first = {r: _calls_in(programs[r], group)[index] for r in members}
-    op = first[faulty[0]].op
     kind = "mismatch" if how in ("shape", "dtype") else "desync"
-    verdict = dict(kind=kind, ranks=faulty, op=op, seq=seq, group=group, step=None)
+    verdict = dict(kind=kind, ranks=faulty, op=first[faulty[0]].op, seq=index + 1,
+                   group=group, step=None)
     artefacts = {"world_size": n, "timeout_s": float(rng.choice([5, 10, 30, 600]))}
     if detail:
-        artefacts["messages"] = _detail_messages(first, seq, members)
-        cut = {r: _cut_before(programs[r], group, index) for r in range(n)}
-        if recorder:
-            artefacts["flight_recorder"] = {str(r): _entries(cut[r], groups) for r in range(n)}
-        notes = dict(last_seq=seq, scan=None)
+        artefacts["messages"] = _detail_messages(first, index + 1, members)
+        if recorder:  # DETAIL stops the faulty call before the recorder sees it
+            artefacts["flight_recorder"] = {
+                str(r): _entries(_cut_before(programs[r], group, index), groups)
+                for r in range(n)}
+        notes = dict(last_seq=index + 1, scan=None)
     else:
         cut = _cut_hang(rng, programs, groups, group, index, ahead, n)
         fr = {str(r): _entries(cut[r], groups) for r in range(n)}
         if nccl:
-            _nccl_states(fr, group, seq)
+            _nccl_states(fr, group, index + 1)
         artefacts["flight_recorder"] = fr
-        artefacts["messages"] = _timeout_messages(rng, fr, group, faulty, artefacts, nccl)
+        artefacts["messages"] = _timeout_messages(rng, fr, faulty, artefacts, nccl)
         notes = dict(last_seq=_last_conflict(fr, group), scan=later)
     if rng.random() < 0.5:
         decoy = rng.choice([r for r in range(n) if r not in faulty])
         artefacts["phase_times"] = _phase_times(rng, n, decoy)
     label = f"{kind}, {n} ranks" + (f", group {group}" if group != "default_pg" else "")
     return Case(kind, label, artefacts, verdict, notes)
+
+
+def _faulty_group(rng, groups, programs, faulty):
+    """(the group the fault hits, its faulty ranks): a group of 3 ranks or more with
+    collectives, a subgroup where there is one, and faulty ranks that are a strict
+    minority of it (so the odd ones out are well defined), never its first rank
+    unless asked for."""
+    fits = [g for g, ranks in groups.items() if len(ranks) >= 3 and
+            _calls_in(programs[ranks[0]], g) and
+            (faulty is None or set(faulty) <= set(ranks) and 2 * len(faulty) < len(ranks))]
+    group = rng.choice([g for g in fits if g != "default_pg"] or fits)
+    members = groups[group]
+    if faulty is None:
+        count = 2 if len(members) >= 5 and rng.random() < 0.4 else 1
+        faulty = rng.sample(members[1:], count)
+    assert 2 * len(faulty) < len(members) and set(faulty) <= set(members), (faulty, members)
+    return group, sorted(faulty)
 
 
 def _calls_in(calls, group):
@@ -321,7 +330,7 @@ def _nccl_states(fr, group, seq):
             entries[-1]["state"] = "started"
 
 
-def _timeout_messages(rng, fr, group, faulty, artefacts, nccl):
+def _timeout_messages(rng, fr, faulty, artefacts, nccl):
     """What the waiting ranks reported: gloo's timeout, or NCCL's watchdog line, which
     name the rank that waited, not the one at fault; "" where a rank said nothing."""
     ms = int(artefacts["timeout_s"] * 1000)
