@@ -224,7 +224,7 @@ def test_the_traps_are_in_the_hidden_cases():
 def test_a_straggler_waits_least_where_the_others_wait_and_a_healthy_run_has_none():
     for case in dj.hidden_cases("quiet", 100):
         late = case.verdict["ranks"][0] if case.kind == "straggler" else None
-        dc._assert_margin(case.artefacts["collective_times"], None, late)   # raises if not
+        dc._assert_margin(case.artefacts["collective_times"], late)   # raises if not
 
 
 # -- layer 1: the checks -----------------------------------------------------------------
@@ -286,8 +286,8 @@ def test_the_flight_recorder_alone_fails_the_quiet_cases_and_detail(capsys):
     out = capsys.readouterr().out
     assert "you said kind = 'healthy', but the run did not hang, and one rank waits least" \
         in out
-    assert "This run left no flight_recorder: DETAIL's messages" in out or \
-        "DETAIL" in out
+    assert "This run left no flight_recorder: DETAIL's messages give each rank's " \
+           "fingerprint" in out
 
 
 def test_an_exception_costs_its_case_with_the_line_and_what_to_do(capsys):
@@ -364,6 +364,9 @@ class TestNbgrader(RoundTrip):
     # as the score), so the expected scores are the unit layer's, per cell.
     failed = {name: {} for name in SUBMISSIONS}
     totals = {}
+    # Three submissions are graded beside the others (autograde's `beside`): no
+    # grade here reads a clock or the allocator (tests/test_grades_deterministic.py).
+    beside = ("phases", "fr_only", "raises")
 
     @pytest.fixture(scope="class")
     def expected(self):
@@ -372,8 +375,10 @@ class TestNbgrader(RoundTrip):
     @pytest.mark.slow
     def test_exported_grades_are_the_expected_totals(self, graded, expected):
         import csv
-        with open(graded["course"] / "grades.csv", newline="") as f:
-            rows = {row["student_id"]: row for row in csv.DictReader(f)}
+        rows = {}
+        for course in set(graded["courses"].values()):  # the students graded beside too
+            with open(course / "grades.csv", newline="") as f:
+                rows.update((row["student_id"], row) for row in csv.DictReader(f))
         for name, cells in expected.items():
             assert float(rows[name]["score"]) == pytest.approx(sum(cells.values())), name
             assert float(rows[name]["max_score"]) == sum(CELLS.values())

@@ -466,11 +466,11 @@ def _times(rng, programs, groups, late, decoy):
                                     "exit": round(clock + leave + rng.uniform(0, 1e-4), 6)})
             ends.append(leave)
         clock += max(ends) + rng.uniform(0.002, 0.02)
-    _assert_margin(out, groups, late)
+    _assert_margin(out, late)
     return out
 
 
-def _assert_margin(times, groups, late):
+def _assert_margin(times, late):
     """The construction's promise: the late rank waits least in at least STRAGGLER_SHARE
     of its collectives, every other rank in at most HEALTHY_SHARE."""
     least, count = {}, {}
