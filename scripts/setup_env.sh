@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Create or refresh the project's virtual environment (.venv) from requirements.txt.
 # Idempotent: a stamp holding the hash of the inputs makes a second run a no-op.
-# Usage: scripts/setup_env.sh        (called by `make book` and `make test`)
+# Usage: scripts/setup_env.sh        (called by `make lab`, `make book` and `make test`)
+# TORCH_INDEX=<url>: take torch from that index as well (make lab sets PyTorch's CPU
+# index, https://download.pytorch.org/whl/cpu, so a laptop gets the CPU build, not the
+# CUDA one PyPI serves on Linux); a wheel already found locally (pip.conf) still counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +31,13 @@ pip_install() {
     # so they are filtered from stderr (pip's own exit status still counts).
     "$VENV/bin/python" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither" >&2)
 }
+if [ -n "${TORCH_INDEX:-}" ]; then
+    # torch alone, without its dependencies: --extra-index-url on the command line
+    # replaces pip.conf's extra indexes, which may hold them (-r below installs them).
+    torch_pin=$(grep -E '^torch==' requirements.txt | cut -d' ' -f1)
+    echo "setup: $torch_pin from $TORCH_INDEX"
+    pip_install --no-deps "$torch_pin" --extra-index-url "$TORCH_INDEX"
+fi
 pip_install -r requirements.txt
 "$VENV/bin/python" -m pip check
 pip_install --no-deps --no-build-isolation -e .
