@@ -32,7 +32,7 @@ WORD = re.compile(r"[\w\u00C0-\u024F\u0370-\u03FF][\w'’.,/×·\-\u00C0-\u024F\
 def paragraphs(markdown: str) -> list[str]:
     """The running text of one markdown source, a paragraph or list item each."""
     text = FENCE.sub("\n\n", markdown)
-    text = DISPLAY_MATH.sub(" X ", text)
+    text = DISPLAY_MATH.sub(" ", text)
     text = ROLE.sub(r"\1", text)
     text = INLINE_MATH.sub("X", INLINE_CODE.sub("X", text))
     text = LINK.sub(r"\1", HTML.sub(" ", text))
