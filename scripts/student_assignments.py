@@ -12,6 +12,7 @@ go; the visible checks stay, so running the notebook in JupyterLab says
 whether an answer passes them. Writes DIR/<assignment>/<assignment>.ipynb and
 refuses to overwrite a notebook a learner may have edited (delete it first).
 """
+import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,8 @@ def assignments() -> list[str]:
 
 def generate(names: list[str], out: Path) -> list[Path]:
     made = []
+    # nbgrader runs the `alembic` tool from PATH: this interpreter's environment's.
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     with tempfile.TemporaryDirectory(prefix="student-") as course:
         shutil.copytree(SOURCE, Path(course) / "source")
         for name in names:
@@ -39,7 +42,7 @@ def generate(names: list[str], out: Path) -> list[Path]:
             proc = subprocess.run(
                 [sys.executable, "-m", "nbgrader", "generate_assignment", name, "--force",
                  f"--CourseDirectory.root={course}", "--log-level=WARN"],
-                cwd=ROOT, capture_output=True, text=True)
+                cwd=ROOT, env=env, capture_output=True, text=True)
             if proc.returncode:
                 sys.exit(f"nbgrader generate_assignment {name} failed:\n{proc.stderr[-3000:]}")
             target.parent.mkdir(parents=True, exist_ok=True)
