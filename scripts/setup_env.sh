@@ -2,9 +2,9 @@
 # Create or refresh the project's virtual environment (.venv) from requirements.txt.
 # Idempotent: a stamp holding the hash of the inputs makes a second run a no-op.
 # Usage: scripts/setup_env.sh        (called by `make lab`, `make book` and `make test`)
-# TORCH_INDEX=<url>: take torch from that index as well (make lab sets PyTorch's CPU
-# index, https://download.pytorch.org/whl/cpu, so a laptop gets the CPU build, not the
-# CUDA one PyPI serves on Linux); a wheel already found locally (pip.conf) still counts.
+# TORCH_INDEX=<url>: take torch from that index (make lab sets PyTorch's CPU index,
+# https://download.pytorch.org/whl/cpu, so a laptop gets the CPU build, not the CUDA
+# one PyPI serves on Linux); pip.conf's find-links (a local wheel cache) still count.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,11 +32,12 @@ pip_install() {
     "$VENV/bin/python" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither" >&2)
 }
 if [ -n "${TORCH_INDEX:-}" ]; then
-    # torch alone, without its dependencies: --extra-index-url on the command line
-    # replaces pip.conf's extra indexes, which may hold them (-r below installs them).
+    # torch alone, from that index instead of PyPI, as PyTorch's install selector
+    # says; its dependencies come from PyPI with the rest (-r below), which finds
+    # the installed 2.13.0+cpu satisfies torch==2.13.0.
     torch_pin=$(grep -E '^torch==' requirements.txt | cut -d' ' -f1)
     echo "setup: $torch_pin from $TORCH_INDEX"
-    pip_install --no-deps "$torch_pin" --extra-index-url "$TORCH_INDEX"
+    pip_install --no-deps "$torch_pin" --index-url "$TORCH_INDEX"
 fi
 pip_install -r requirements.txt
 "$VENV/bin/python" -m pip check
