@@ -1,7 +1,7 @@
 # The commands of the README, and their parts. Every step is idempotent
 # and skips its work when its inputs did not change, so a second run is fast.
 # For a learner:
-#   make lab     the environment (torch's CPU build), then JupyterLab on notebooks/
+#   make lab     the environment (torch's CPU build), then JupyterLab (labs in notebooks/)
 #   make student-assignments  the assignments without their solutions, in assignments/
 # For instructors and maintainers:
 #   make book    environment, assets, then the book (executing every notebook)
@@ -32,7 +32,7 @@ STUDENT_DIR ?= assignments
 
 lab:
 	TORCH_INDEX=$(TORCH_INDEX) scripts/setup_env.sh
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab $(LAB_ARGS)
 
 student-assignments: env
 	$(PY) scripts/student_assignments.py $(STUDENT_DIR)

@@ -59,7 +59,7 @@ def main(argv) -> int:
     if unknown:
         sys.exit(f"no such assignment: {', '.join(unknown)} (there are: {', '.join(assignments())})")
     generate(names, out)
-    print(f"open them in JupyterLab (make lab, or .venv/bin/jupyter lab {out}); "
+    print(f"open them in JupyterLab (make lab) under {out}; "
           "run every cell: the visible checks say whether your answer passes")
     return 0
 
