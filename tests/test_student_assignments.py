@@ -18,6 +18,8 @@ from test_no_answers import looked_for
 SCRIPT = sources.ROOT / "scripts" / "student_assignments.py"
 COURSE = sources.ROOT / "notebooks" / "assignments"
 
+pytestmark = pytest.mark.slow  # nbgrader once per assignment: scheduled early (conftest.py)
+
 
 def course_state() -> set:
     return {str(p.relative_to(COURSE)) for p in COURSE.rglob("*") if "source" not in p.parts}
