@@ -1,12 +1,16 @@
-# The two commands of the README, and their parts. Every step is idempotent
+# The commands of the README, and their parts. Every step is idempotent
 # and skips its work when its inputs did not change, so a second run is fast.
+# For a learner:
+#   make lab     the environment (torch's CPU build), then JupyterLab (labs in notebooks/)
+#   make student-assignments  the assignments without their solutions, in assignments/
+# For instructors and maintainers:
 #   make book    environment, assets, then the book (executing every notebook)
 #   make test    environment, assets, chromium, the hub's proxy, then every test
 #   make test-gpu  the labs on >= 2 GPUs with NCCL (skips, saying why, elsewhere)
 #   make test-portable  every chapter's stored outputs under three instruction
 #                  sets (before submitting a change to a chapter; ~20 min on 2 cores)
 .DEFAULT_GOAL := book
-.PHONY: book test test-gpu test-portable env assets chromium proxy clean distclean
+.PHONY: book lab student-assignments test test-gpu test-portable env assets chromium proxy clean distclean
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -19,6 +23,19 @@ HTML   := _build/html
 # a file or one chapter's execution, slow units first (tests/conftest.py).
 # One worker: make test TEST_WORKERS=
 TEST_WORKERS ?= -n 2 --dist loadscope --no-loadscope-reorder
+
+# PyTorch's CPU wheels (pytorch.org/get-started/locally, Compute Platform: CPU);
+# on a CUDA machine: make lab TORCH_INDEX=   (PyPI's build). LAB_ARGS: e.g. --no-browser
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+LAB_ARGS ?=
+STUDENT_DIR ?= assignments
+
+lab:
+	TORCH_INDEX=$(TORCH_INDEX) scripts/setup_env.sh
+	$(VENV)/bin/jupyter lab $(LAB_ARGS)
+
+student-assignments: env
+	$(PY) scripts/student_assignments.py $(STUDENT_DIR)
 
 book: env assets
 	$(VENV)/bin/jupyter-book build . $(JB_FLAGS)

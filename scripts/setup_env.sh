@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Create or refresh the project's virtual environment (.venv) from requirements.txt.
 # Idempotent: a stamp holding the hash of the inputs makes a second run a no-op.
-# Usage: scripts/setup_env.sh        (called by `make book` and `make test`)
+# Usage: scripts/setup_env.sh        (called by `make lab`, `make book` and `make test`)
+# TORCH_INDEX=<url>: take torch from that index (make lab sets PyTorch's CPU index,
+# https://download.pytorch.org/whl/cpu, so a laptop gets the CPU build, not the CUDA
+# one PyPI serves on Linux); pip.conf's find-links (a local wheel cache) still count.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +31,14 @@ pip_install() {
     # so they are filtered from stderr (pip's own exit status still counts).
     "$VENV/bin/python" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither" >&2)
 }
+if [ -n "${TORCH_INDEX:-}" ]; then
+    # torch alone, from that index instead of PyPI, as PyTorch's install selector
+    # says; its dependencies come from PyPI with the rest (-r below), which finds
+    # the installed 2.13.0+cpu satisfies torch==2.13.0.
+    torch_pin=$(grep -E '^torch==' requirements.txt | cut -d' ' -f1)
+    echo "setup: $torch_pin from $TORCH_INDEX"
+    pip_install --no-deps "$torch_pin" --index-url "$TORCH_INDEX"
+fi
 pip_install -r requirements.txt
 "$VENV/bin/python" -m pip check
 pip_install --no-deps --no-build-isolation -e .
