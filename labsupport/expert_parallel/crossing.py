@@ -37,7 +37,8 @@ The formula's crossing is an independent prediction, as in chapters 6 and
 7: C is the experts' own FLOP/s at the three largest widths (their rows
 counted, not assumed), and α and β are fitted to ``sweep``'s
 ``all_to_all_single`` of LINK_BYTES on the same ranks, timed between the
-runs but apart from the layer: the step's experts 12·R·h·f/C meet
+runs but apart from the layer (each size's fastest call over the runs: other
+work only adds time to a call): the step's experts 12·R·h·f/C meet
 4·(α + S/β) + (α + 8E/β), S = R·h·e the rows a rank sends (R = T·k), the
 last term the counts. ``extra["f_matmul"]`` is the crossing with the FLOP/s
 of one large matmul (``overlap.matmul_flops``) instead, as cited peaks are.
@@ -67,8 +68,8 @@ def sweep(small=False) -> Crossing:
 
 def measure(ffns, tokens, runs):
     """On a rank: per width, each run's (experts s, all-to-alls s) and the rows
-    its experts computed; the all-to-all link's times by LINK_BYTES (the median
-    over the runs, each timed after the widths); one large matmul's FLOP/s."""
+    its experts computed; the all-to-all link's times by LINK_BYTES (the fastest
+    call over the runs, each timed after the widths); one large matmul's FLOP/s."""
     import torch.distributed as dist
 
     layers = [_layer(f, tokens) for f in ffns]
@@ -84,10 +85,12 @@ def measure(ffns, tokens, runs):
                 row["replay"].append(replay)
                 row["rows"] = computed
         if repeat:
-            link.append([t for t, _, _ in bandwidth_sweep.measure(
+            link.append([fastest for _, fastest, _ in bandwidth_sweep.measure(
                 {"a2a": "all_to_all"}, LINK_BYTES, 1, 3)["a2a"]])
     dist.barrier()
-    return dict(rows=rows, link=[statistics.median(col) for col in zip(*link)],
+    # Each size's least disturbed call (the fastest over every run): on a loaded
+    # machine medians can be flat in the size, with no β to fit (chapter 5's).
+    return dict(rows=rows, link=[min(col) for col in zip(*link)],
                 matmul_flops=overlap.matmul_flops(2 * tokens, HIDDEN, 256))
 
 
