@@ -47,7 +47,19 @@ each GPU, and 8 InfiniBand NICs of 400 Gb/s, 400 GB/s out of the node):
 - *All-to-all and point-to-point* (expert dispatch, a pipeline send, a ring
   attention hop) are not hierarchical: each member's bytes to another node
   leave through its own NIC, one NIC per member ("AllToAlls ... effectively
-  ha[ve] 50GB/s rather than 400GB/s of bandwidth").
+  ha[ve] 50GB/s rather than 400GB/s of bandwidth"). An all-to-all of n
+  members, g in each of M = n/g nodes, sends (M-1)/M of a member's rows to
+  other nodes through its NIC and (g-1)/n to the other members of its node
+  over NVLink, the two links at once: S · max((M-1)/M / W_NIC,
+  (g-1)/n / W_gpu) for S bytes of rows (at ep = 16 on 2 nodes half the rows
+  cross, not 15/16 of them).
+- *Ring collectives across nodes* take the hierarchical ideal above: the
+  bytes cross the NICs once per level. NCCL's flat ring over all n ranks
+  sends (n-1)/n of the buffer through each NIC instead of (M-1)/M, ×1.21
+  more at 2 nodes of 8 (15/16 against 1/2, NVLink then no longer binding:
+  1/2 / 400 GB/s against 7/8 / 450 GB/s) and ×1.13 at 8 nodes
+  ((63/64)/(7/8)); chapter 2's 3-node ring measured 85–96 GB/s against the
+  model's 144.
 
 ``group_bandwidth`` returns W per member such that time = (bytes one member
 sends in a ring, (n-1)/n·S per pass) / W, so the crossings and the planner
@@ -112,9 +124,21 @@ def group_bandwidth(hw: Hardware, n, per_node=None, pattern="ring") -> float:
                          f"{hw.gpus_per_node} GPUs per node)")
     if n % per_node:
         raise ValueError(f"n={n} ranks do not fill nodes of per_node={per_node}")
-    if per_node == n or pattern != "ring":
+    if per_node == n or pattern == "p2p":
         return bandwidth(hw, inside_node=per_node == n)
+    if pattern == "all_to_all":
+        return ring(n) * _all_to_all_bytes_per_second(hw, n, per_node)
     return ring(n) * _ring_bytes_per_second(hw, n, per_node)
+
+
+def _all_to_all_bytes_per_second(hw, n, per_node) -> float:
+    """1 / (seconds per byte of a member's rows) of an all-to-all of n members,
+    per_node to a node: (M-1)/M of the rows leave through the member's NIC,
+    (per_node-1)/n go over NVLink to its node's other members, both at once."""
+    nodes = n / per_node
+    across = ring(nodes) / hw.inter_bw
+    inside = (per_node - 1) / n / hw.intra_bw
+    return 1 / max(across, inside)
 
 
 def _ring_bytes_per_second(hw, n, per_node) -> float:

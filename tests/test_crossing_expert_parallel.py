@@ -40,7 +40,7 @@ def test_the_backward_lowers_the_crossing_by_a_third():
 def test_the_least_waiting_rank_is_taken_call_by_call():
     # two ranks, one width, two runs of two calls: each call's least wait, summed
     def rank(comm):                                     # two widths, the same calls
-        width = dict(compute=[1.0, 1.0], comm=comm, rows=1024)
+        width = dict(compute=[1.0, 1.0], comm=comm, replay=comm, rows=1024)
         return dict(rows=[width, dict(width, compute=[4.0, 4.0])],
                     link=[1e-4 + s / 1e9 for s in crossing.LINK_BYTES], matmul_flops=1e10)
     by_rank = [rank([[1.0, 5.0], [2.0, 2.0]]), rank([[4.0, 1.0], [3.0, 1.0]])]
@@ -50,3 +50,25 @@ def test_the_least_waiting_rank_is_taken_call_by_call():
     assert c.extra["comm_range"] == [(2.0, 3.0)] * 2
     slowest = c.extra["slowest_rank_comm"]
     assert slowest == [pytest.approx(5.0)] * 2            # max(6, 5), max(4, 4)
+    assert c.extra["replay"] == [pytest.approx(2.5)] * 2  # taken the same way
+
+
+def test_the_replay_makes_the_layers_five_calls_with_its_split_sizes():
+    import labsupport as ls
+    from labsupport import calls
+
+    def on_rank():
+        ep_layer, x = crossing._layer(32, 64)
+        ep_layer(x).sum().backward()
+        with calls.record() as step:
+            ep_layer(x).sum().backward()
+        with calls.record() as replay:
+            seconds = crossing._replay(ep_layer.splits)
+        return ([c["sizes"] for c in step.calls if c["op"] == "all_to_all_single"],
+                [c["sizes"] for c in replay.calls if c["op"] == "all_to_all_single"],
+                len(seconds))
+    try:
+        for step, replay, n in ls.run(on_rank, world_size=2):
+            assert n == 5 and replay == step          # the same buffers, in order
+    finally:
+        ls.shutdown()

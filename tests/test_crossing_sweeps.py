@@ -44,6 +44,8 @@ def _expert_parallel(c, crossing):
     assert all(r > 0 for r in c.extra["rows"]) and c.formula > 0
     assert all(lo <= m <= hi for m, (lo, hi) in zip(c.comm, c.extra["comm_range"]))
     assert c.extra["alpha"] >= 0 and c.extra["beta"] > 0
+    # the layer's five calls again, back to back: timed for every width
+    assert len(c.extra["replay"]) == len(c.sizes) and min(c.extra["replay"]) > 0
 
 
 # chapter -> (the sizes its small sweep takes, read from its module; its own extras)

@@ -78,10 +78,45 @@ def test_the_7b_all_reduce_of_chapter_3_and_its_crossing():
     assert overlap.zero3_min_tokens(H100, 8, per_node=1) == pytest.approx(17325)
 
 
-def test_all_to_all_and_point_to_point_keep_one_nic_per_member():
+def test_point_to_point_keeps_one_nic_per_member():
     for n, g in ((16, 8), (64, 8), (64, 1), (2, 1)):
-        for pattern in ("all_to_all", "p2p"):
-            assert overlap.group_bandwidth(H100, n, g, pattern) == H100.inter_bw
+        assert overlap.group_bandwidth(H100, n, g, "p2p") == H100.inter_bw
+
+
+def test_an_all_to_all_sends_only_the_rows_for_other_nodes_through_the_nic():
+    # a member's S bytes of rows: (M-1)/M to other nodes, one NIC each, and
+    # (g-1)/n to its node's other members over NVLink, both links at once
+    def seconds(n, g, nbytes, hw=H100):
+        return overlap.ring(n) * nbytes / overlap.group_bandwidth(hw, n, g, "all_to_all")
+
+    s = 1e9
+    assert seconds(16, 8, s) == pytest.approx(s / 2 / 50e9)          # 2 nodes: half
+    assert s * 15 / 16 / 50e9 / seconds(16, 8, s) == pytest.approx(1.875)
+    assert seconds(64, 8, s) == pytest.approx(s * 7 / 8 / 50e9)      # 8 nodes
+    assert s * 63 / 64 / 50e9 / seconds(64, 8, s) == pytest.approx(1.125)
+    # one member a node: every off-rank row crosses, one NIC each
+    for n in (2, 8, 64):
+        assert overlap.group_bandwidth(H100, n, 1, "all_to_all") == H100.inter_bw
+    # where NVLink is slow enough to bind, it sets the time
+    slow = overlap.Hardware("slow NVLink", 1e15, 30e9, 50e9, 8, "test")
+    assert seconds(16, 8, s, slow) == pytest.approx(s * 7 / 16 / 30e9)
+
+
+def test_a_flat_ring_across_nodes_pays_more_than_the_hierarchical_model():
+    # NCCL's flat ring sends (n-1)/n of the buffer out of each node's NICs, the
+    # model (M-1)/M (overlap's docstring): x1.21 on 2 nodes of 8, x1.13 on 8
+    def flat_over_model(n, hw=H100, g=8):
+        flat = overlap.ring(n) / (min(g, hw.nics) * hw.inter_bw)
+        return flat / (overlap.ring(n) / overlap.group_bandwidth(hw, n, g))
+
+    assert flat_over_model(16) == pytest.approx(1.205, abs=1e-3)
+    assert flat_over_model(64) == pytest.approx(1.125)
+    # chapter 2's 3-node row: 24 A100s, 4 NICs of 25 GB/s a node; busbw of an
+    # all-reduce = 2(n-1)/n·S / t: the model's 144 GB/s, a flat ring's 100
+    a100 = overlap.Hardware("A100", 312e12, 300e9, 25e9, 8, "test", nics_per_node=4)
+    model_busbw = overlap.group_bandwidth(a100, 24, 8)
+    assert model_busbw == pytest.approx(143.75e9)
+    assert model_busbw / flat_over_model(24, a100) == pytest.approx(100e9)
 
 
 def test_group_bandwidth_refuses_placements_that_cannot_be():

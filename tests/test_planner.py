@@ -122,7 +122,30 @@ def test_each_dimension_runs_at_its_groups_bandwidth():
     got = planner.step_time(job, ds, H100)["comm_s"]
     assert got["dp"] == pytest.approx(dense / overlap.group_bandwidth(H100, 128)
                                       + routed / H100.inter_bw)
-    assert got["ep"] == pytest.approx(planner.traffic(job, ds)["ep"] / H100.inter_bw)
+    # 64 ranks on 8 nodes: 7/8 of the rows leave through the NIC
+    assert got["ep"] == pytest.approx(planner.traffic(job, ds)["ep"] / overlap.ring(64)
+                                      * 7 / 8 / H100.inter_bw)
+
+
+def test_an_all_to_all_over_two_nodes_charges_the_nic_only_for_the_other_node():
+    # ep = 16 on 2 nodes of 8: of a rank's rows, 15/16 go to other ranks (the
+    # bytes traffic counts), 1/2 to the other node (its NIC, 50 GB/s), 7/16 to
+    # its own node's other 7 ranks (NVLink, at the same time)
+    model, experts = planner.MOE_PRESETS["DeepSeek-V3"]
+    job = Job(model, 4096, 512, experts=experts, zero=1, checkpointing="full")
+    layout = Layout(dp=16, tp=1, pp=16, cp=1, ep=16)
+    assert planner.members_per_node(layout, 8)["ep"] == 8
+    assert not planner.placement(layout, 8)["ep"]
+    sent = planner.traffic(job, layout)["ep"]                  # 15/16 of the rows
+    rows = sent / overlap.ring(16)
+    got = planner.step_time(job, layout, H100, overlapped=())["comm_s"]["ep"]
+    assert got == pytest.approx(max(rows / 2 / H100.inter_bw,
+                                    rows * 7 / 16 / H100.intra_bw))
+    assert got == pytest.approx(rows / 2 / H100.inter_bw)      # the NIC binds
+    assert sent / H100.inter_bw / got == pytest.approx(1.875)  # every row at the NIC
+    # inside one node (ep = 8) all on NVLink
+    inside = Layout(dp=16, tp=1, pp=16, cp=1, ep=8)
+    assert planner.bandwidths(inside, H100)["ep"] == H100.intra_bw
 
 
 def test_the_7b_ranking_on_64_h100s():

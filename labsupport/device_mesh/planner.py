@@ -18,8 +18,10 @@ expert decomposition. **Placement** then gives each dimension's members per
 node (``members_per_node``), and its bandwidth is ``overlap.group_bandwidth``'s,
 the book's one network model: a ring collective (tp, dp) across nodes gets
 the NICs of the members each node holds, min(g, NICs) of them shared by its
-g members (How to Scale Your Model, GPUs chapter); an all-to-all (ep) and a
-point-to-point send (cp's ring attention, pp) one NIC per member.
+g members (How to Scale Your Model, GPUs chapter); an all-to-all (ep) sends
+the rows bound for other nodes, (M-1)/M of them with M nodes in the group,
+through one NIC per member and the rest over NVLink, the two links at once;
+a point-to-point send (cp's ring attention, pp) one NIC per member.
 
 **Stages**: L layers split over pp as evenly as they go (the first L mod pp
 stages one more); the embedding on the first stage, the final LayerNorm and

@@ -25,20 +25,27 @@ ranks and runs. The communication: each ``all_to_all_single`` of the step
 (``calls.record``, call to return: the counts, the rows both ways, and the
 two in the backward), summed; of the two ranks, the one that waited least
 in that run, whose time is the wire's and not a wait for the other's
-experts; the median over the runs, and its range.
+experts; the median over the runs, and its range. ``extra["replay"]``: the
+same five calls with the layer's own split sizes (recorded from its
+forward), run back to back after the step with no compute between them,
+timed and summed the same way: what the layer's calls cost when nothing
+else runs. The model's time against the replay is the difference of the
+calls themselves (the counts, uneven splits); the replay against the
+layer's is what the calls pay for running inside the layer.
 
 The formula's crossing is an independent prediction, as in chapters 6 and
 7: C is the experts' own FLOP/s at the three largest widths (their rows
 counted, not assumed), and α and β are fitted to ``sweep``'s
 ``all_to_all_single`` of LINK_BYTES on the same ranks, timed between the
-runs but apart from the layer: the step's experts 12·R·h·f/C meet
+runs but apart from the layer (each size's fastest call over the runs: other
+work only adds time to a call): the step's experts 12·R·h·f/C meet
 4·(α + S/β) + (α + 8E/β), S = R·h·e the rows a rank sends (R = T·k), the
 last term the counts. ``extra["f_matmul"]`` is the crossing with the FLOP/s
 of one large matmul (``overlap.matmul_flops``) instead, as cited peaks are.
 """
 import statistics
 
-from labsupport import models, overlap
+from labsupport import models, overlap, timing
 from labsupport import sweep as bandwidth_sweep
 from labsupport.crossings import Crossing
 
@@ -61,25 +68,29 @@ def sweep(small=False) -> Crossing:
 
 def measure(ffns, tokens, runs):
     """On a rank: per width, each run's (experts s, all-to-alls s) and the rows
-    its experts computed; the all-to-all link's times by LINK_BYTES (the median
-    over the runs, each timed after the widths); one large matmul's FLOP/s."""
+    its experts computed; the all-to-all link's times by LINK_BYTES (the fastest
+    call over the runs, each timed after the widths); one large matmul's FLOP/s."""
     import torch.distributed as dist
 
     layers = [_layer(f, tokens) for f in ffns]
-    rows = [dict(compute=[], comm=[], rows=0) for _ in ffns]
+    rows = [dict(compute=[], comm=[], replay=[], rows=0) for _ in ffns]
     link = []
     for repeat in range(runs + 1):                     # the first: warm-up
         for row, (ep, x) in zip(rows, layers):
             compute, comm, computed = _step_times(ep, x)
+            replay = _replay(ep.splits)
             if repeat:
                 row["compute"].append(compute)
                 row["comm"].append(comm)
+                row["replay"].append(replay)
                 row["rows"] = computed
         if repeat:
-            link.append([t for t, _, _ in bandwidth_sweep.measure(
+            link.append([fastest for _, fastest, _ in bandwidth_sweep.measure(
                 {"a2a": "all_to_all"}, LINK_BYTES, 1, 3)["a2a"]])
     dist.barrier()
-    return dict(rows=rows, link=[statistics.median(col) for col in zip(*link)],
+    # Each size's least disturbed call (the fastest over every run): on a loaded
+    # machine medians can be flat in the size, with no β to fit (chapter 5's).
+    return dict(rows=rows, link=[min(col) for col in zip(*link)],
                 matmul_flops=overlap.matmul_flops(2 * tokens, HIDDEN, 256))
 
 
@@ -87,14 +98,45 @@ def _layer(ffn, tokens):
     import torch
     import torch.distributed as dist
 
-    from labsupport.expert_parallel.moe import ExpertParallelMoE, MoE
+    from labsupport.expert_parallel.moe import AllToAll, ExpertParallelMoE, MoE
 
     rank = dist.get_rank()
     with models.seeded(0):
         layer = MoE(HIDDEN, ffn, EXPERTS, TOP_K)
     x = torch.randn(WORLD_SIZE * tokens, HIDDEN, generator=torch.Generator()
                     .manual_seed(4)).chunk(WORLD_SIZE)[rank]
-    return ExpertParallelMoE(layer), x.requires_grad_()
+    ep = ExpertParallelMoE(layer)
+    ep.splits = []                      # (output, input) split sizes of each call
+
+    def all_to_all(rows, output_splits, input_splits, group=None):
+        ep.splits.append((list(output_splits), list(input_splits)))
+        return AllToAll.apply(rows, output_splits, input_splits, group)
+    ep.all_to_all = all_to_all
+    return ep, x.requires_grad_()
+
+
+def _replay(splits):
+    """The step's five all_to_all_single calls back to back, nothing between
+    them: the counts, the forward's dispatch and combine with their split
+    sizes, then their reverses as the backward makes them (combine's first);
+    each call's seconds, call to return."""
+    import torch
+    import torch.distributed as dist
+
+    forward = splits[-2:]                              # this step's dispatch, combine
+    shapes = [None] + forward + [(i, o) for o, i in reversed(forward)]
+    buffers = [(torch.empty(EXPERTS, dtype=torch.int64),
+                torch.zeros(EXPERTS, dtype=torch.int64), None, None)
+               if s is None else
+               (torch.empty(sum(s[0]), HIDDEN), torch.zeros(sum(s[1]), HIDDEN), *s)
+               for s in shapes]
+    seconds = []
+    dist.barrier()
+    for out, inp, out_splits, in_splits in buffers:
+        start = timing.now()
+        dist.all_to_all_single(out, inp, out_splits, in_splits)
+        seconds.append(timing.now() - start)
+    return seconds
 
 
 def _step_times(ep, x):
@@ -153,7 +195,9 @@ def summarise(ffns, tokens, by_rank) -> Crossing:
             for i in range(len(ffns))]
     out = crossing(ffns, tokens, compute, comm, rows, by_rank[0]["link"],
                    by_rank[0]["matmul_flops"])
-    out.extra.update(comm_range=spread, slowest_rank_comm=[
+    replay = [statistics.median(sum(map(min, zip(*calls))) for calls in zip(
+        *(r["rows"][i]["replay"] for r in by_rank))) for i in range(len(ffns))]
+    out.extra.update(replay=replay, comm_range=spread, slowest_rank_comm=[
         statistics.median(max(sum(run) for run in runs) for runs in zip(
             *(r["rows"][i]["comm"] for r in by_rank))) for i in range(len(ffns))])
     return out

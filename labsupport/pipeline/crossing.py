@@ -35,7 +35,7 @@ from labsupport.crossings import Crossing
 
 WORLD_SIZE = 2
 TOKENS, STAGE_BLOCKS = 16, 2
-SIZES = {False: [32, 64, 128, 256, 512, 1024], True: [64, 256, 1024]}  # h
+SIZES = {False: [32, 64, 128, 256, 512, 1024, 2048, 4096], True: [64, 256, 1024]}  # h
 REPEATS = {False: 9, True: 3}
 LINK_BYTES = [1 << k for k in range(10, 23, 2)]     # 1 KiB .. 4 MiB
 
