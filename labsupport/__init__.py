@@ -25,7 +25,8 @@ __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "backend_of", "c
 _SUBMODULES = {
     # one folder per chapter topic (lesson, probe, crossing, checks, bench)
     "memory", "collectives", "ring", "data_parallel", "tensor_parallel", "pipeline",
-    "context_parallel", "zero", "device_mesh", "expert_parallel", "checkpoints",
+    "context_parallel", "zero", "device_mesh", "expert_parallel", "checkpoints", "capstone",
+    "debugging",
     # instruments used by many chapters, and the rest
     "bench", "calls", "crossings", "diagrams", "doctor", "grading", "models", "overlap",
     "p2p_log", "plots", "sweep", "timeline", "timing", "traffic", "your_turn"}

@@ -14,6 +14,7 @@
     python -m labsupport.bench overlap        # time beside bytes: crossings, every chapter
     python -m labsupport.bench checkpoint     # chapter 10: shard bytes, reshard, resume, async, 2 nodes
     python -m labsupport.bench capstone       # chapter 11: parity, hand vs PyTorch's composition, MFU, resume
+    python -m labsupport.bench debug          # chapter 12: the fault zoo named, DETAIL's and FR's cost
     python -m labsupport.bench <name> --help
 """
 import importlib
@@ -33,6 +34,7 @@ BENCHMARKS = {
     "moe": "labsupport.expert_parallel.bench",
     "checkpoint": "labsupport.checkpoints.bench",
     "capstone": "labsupport.capstone.bench",
+    "debug": "labsupport.debugging.bench",
     "overlap": "labsupport.bench.overlap",
 }
 

@@ -187,17 +187,35 @@ def first_replica_difference(art, tol=1e-9):
 
 # -- torch's analyzer, on the ranks' dumps -----------------------------------------------
 
-def torchfrtrace(records: dict, extra_args=()) -> subprocess.CompletedProcess:
+def torchfrtrace(records: dict, repair=False, extra_args=()) -> subprocess.CompletedProcess:
     """Write each rank's raw record where torch's analyzer looks for them
     (``<folder>/rank_<n>``, pickled) and run ``torchfrtrace <folder>``; returns the
-    finished process (its stdout, stderr and return code)."""
+    finished process (its stdout, stderr and return code).
+
+    torch 2.13's gloo dumps key ``pg_config`` by ``''`` with no ranks, while their
+    entries name groups ``('0', 'default_pg')``: the analyzer stops with ``KeyError``.
+    ``repair=True`` rebuilds ``pg_config`` from the entries' names and the group table
+    that ``launch.flight.dump`` adds, the way an NCCL dump has it."""
     import pickle
     folder = tempfile.mkdtemp(prefix="fr-")
     for rank, rec in records.items():
         rec = {k: v for k, v in rec.items() if k not in ("groups", "rank")}
+        if repair:
+            rec["pg_config"] = pg_config(records[rank])
         with open(os.path.join(folder, f"rank_{rank}"), "wb") as f:
             pickle.dump(rec, f)
     exe = os.path.join(os.path.dirname(sys.executable), "torchfrtrace")
     cmd = [exe if os.path.exists(exe) else "torchfrtrace", folder, "--prefix", "rank_",
            *extra_args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def pg_config(record: dict) -> dict:
+    """{group name: {name, desc, ranks}} as the analyzer expects it, from the record's
+    entries and its group table."""
+    out = {}
+    for entry in record.get("entries", []):
+        name, desc = (tuple(entry.get("process_group") or ("", "")) + ("", ""))[:2]
+        if name and name in record.get("groups", {}):
+            out[name] = dict(name=name, desc=desc, ranks=str(record["groups"][name]))
+    return out
