@@ -25,7 +25,7 @@ __all__ = ["Cluster", "NotWritten", "RankError", "RankTimeout", "backend_of", "c
 _SUBMODULES = {
     # one folder per chapter topic (lesson, probe, crossing, checks, bench)
     "memory", "collectives", "ring", "data_parallel", "tensor_parallel", "pipeline",
-    "context_parallel", "zero", "device_mesh", "expert_parallel", "checkpoints", "capstone",
+    "context_parallel", "zero", "device_mesh", "expert_parallel", "checkpoints",
     "debugging",
     # instruments used by many chapters, and the rest
     "bench", "calls", "crossings", "diagrams", "doctor", "grading", "models", "overlap",
