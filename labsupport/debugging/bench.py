@@ -8,7 +8,8 @@ and that no rank process is left behind it (the process server's children are th
 current group's ranks only). Then the capstone trainer's step time (tokens/s as
 ``train`` times itself) with DETAIL on, and with the Flight Recorder off
 (``TORCH_FR_BUFFER_SIZE=0``), each against the default (recorder on, DETAIL off):
-the three run alternately ``--repeats`` times (the machine's load drifts), medians.
+the three run alternately ``--repeats`` times (the machine's load drifts), medians;
+and the recorder's cost per collective (``per_call``: all-reduces of one float).
 Last line: ``debug_faults_named=<named>/<total> debug_worst_seconds_to_name=<s>
 debug_detail_overhead=<ratio> debug_fr_overhead=<ratio>``.
 """
@@ -69,6 +70,35 @@ def overheads(repeats=3, steps=8) -> dict:
                 detail=med["default"] / med["detail"], fr=med["fr_off"] / med["default"])
 
 
+def _calls(n):
+    import torch
+    import torch.distributed as dist
+
+    from labsupport import timing
+    t = torch.ones(1)
+    for _ in range(50):                     # warm
+        dist.all_reduce(t)
+    start = timing.now()
+    for _ in range(n):
+        dist.all_reduce(t)
+    return (timing.now() - start) / n
+
+
+def per_call(repeats=3, calls=500) -> dict:
+    """Seconds per all-reduce of one float on 2 ranks with the Flight Recorder on (the
+    default) and off, alternated ``repeats`` times, medians: the recorder's cost is per
+    call (each entry keeps the caller's Python stack), so small steps of many
+    collectives pay it most."""
+    runs = {"on": [], "off": []}
+    for _ in range(repeats):
+        for mode, env in (("on", {}), ("off", dict(TORCH_FR_BUFFER_SIZE="0"))):
+            with gather.environment(**dict({"TORCH_DISTRIBUTED_DEBUG": "OFF"}, **env)):
+                cluster = session.start(world_size=2, backend="gloo")
+            runs[mode].append(max(cluster.run(_calls, calls, timeout=300)))
+    session.shutdown()
+    return {mode: statistics.median(v) for mode, v in runs.items()}
+
+
 def main(argv):
     parser = argparse.ArgumentParser(prog="python -m labsupport.bench debug")
     parser.add_argument("--timeout", type=float, default=4.0,
@@ -84,6 +114,9 @@ def main(argv):
     cost = overheads(args.repeats, args.steps)
     for mode, tps in cost["tokens_per_s"].items():
         print(f"capstone (2,1,1,1) {mode:8s} {tps:9.0f} tokens/s (median of {args.repeats})")
+    call = per_call(args.repeats)
+    print(f"one all-reduce of 1 float, 2 ranks: {call['on'] * 1e6:.0f} us with the Flight "
+          f"Recorder, {call['off'] * 1e6:.0f} us without (median of {args.repeats})")
     named = sum(r["named"] and not r["left"] for r in rows)
     print(f"debug_faults_named={named}/{len(rows)} "
           f"debug_worst_seconds_to_name={max(r['seconds'] for r in rows):.1f} "

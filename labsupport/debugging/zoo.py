@@ -119,7 +119,7 @@ def all_to_all_splits(bad_rank=1):
     return 1
 
 
-def timeout_too_long(bad_rank=0, seconds=2.0):
+def timeout_too_long(bad_rank=0, seconds=1.5):
     """The branch of ``slow_path_collective`` on a group whose timeout is ``seconds``: gloo
     itself ends the wait (the default, 30 minutes, turns a 10-second bug into a long one)."""
     group = dist.new_group(list(range(dist.get_world_size())),
