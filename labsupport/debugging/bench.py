@@ -50,53 +50,70 @@ def zoo_rows(timeout=4.0, names=None) -> list[dict]:
 
 
 def _train(steps):
+    """The capstone's training on (2, 1, 1, 1): tokens/s (wall, as ``train`` times itself)
+    and the CPU seconds of this rank's main thread per step after the first (read at
+    each ``on_step``: waiting costs none, so it holds on a loaded machine)."""
+    import time
+
     from labsupport.capstone.trainer import train
-    return train((2, 1, 1, 1), steps, batch=8, seq_len=32, micro_batches=2, warmup=1)
+    marks = []
+    out = train((2, 1, 1, 1), steps, batch=8, seq_len=32, micro_batches=2, warmup=1,
+                on_step=lambda step, loss: marks.append(time.thread_time()))
+    return dict(tokens_per_s=out["tokens_per_s"],
+                cpu_per_step=(marks[-1] - marks[0]) / (len(marks) - 1))
 
 
 def overheads(repeats=3, steps=8) -> dict:
-    """Median tokens/s of the capstone's step in each mode (alternated), and the ratios
-    of step times: DETAIL over default, default (recorder on) over recorder off."""
+    """The capstone's step in each of ``MODES``, alternated ``repeats`` times, medians:
+    tokens/s and CPU s per step; ``detail`` and ``fr``, the ratios of wall step times
+    (DETAIL over default; default, recorder on, over recorder off), ``detail_cpu`` and
+    ``fr_cpu`` the same ratios of CPU time per step."""
     runs = {mode: [] for mode in MODES}
     for _ in range(repeats):
         for mode, env in MODES.items():
             with gather.environment(**dict({"TORCH_DISTRIBUTED_DEBUG": "OFF"}, **env)):
                 cluster = session.start(world_size=2, backend="gloo")
             outs = cluster.run(_train, steps, timeout=300)
-            runs[mode].append(outs[0]["tokens_per_s"])
+            runs[mode].append((outs[0]["tokens_per_s"],
+                               max(o["cpu_per_step"] for o in outs)))
     session.shutdown()
-    med = {m: statistics.median(v) for m, v in runs.items()}
-    return dict(tokens_per_s=med, runs=runs,
-                detail=med["default"] / med["detail"], fr=med["fr_off"] / med["default"])
+    tps = {m: statistics.median(t for t, _ in v) for m, v in runs.items()}
+    cpu = {m: statistics.median(c for _, c in v) for m, v in runs.items()}
+    return dict(tokens_per_s=tps, cpu_per_step=cpu, runs=runs,
+                detail=tps["default"] / tps["detail"], fr=tps["fr_off"] / tps["default"],
+                detail_cpu=cpu["detail"] / cpu["default"], fr_cpu=cpu["default"] / cpu["fr_off"])
 
 
 def _calls(n):
+    """(wall seconds, CPU seconds of this thread) per all-reduce of one float."""
+    import time
+
     import torch
     import torch.distributed as dist
-
-    from labsupport import timing
     t = torch.ones(1)
     for _ in range(50):                     # warm
         dist.all_reduce(t)
-    start = timing.now()
+    wall, cpu = time.perf_counter(), time.thread_time()
     for _ in range(n):
         dist.all_reduce(t)
-    return (timing.now() - start) / n
+    return (time.perf_counter() - wall) / n, (time.thread_time() - cpu) / n
 
 
 def per_call(repeats=3, calls=500) -> dict:
-    """Seconds per all-reduce of one float on 2 ranks with the Flight Recorder on (the
-    default) and off, alternated ``repeats`` times, medians: the recorder's cost is per
-    call (each entry keeps the caller's Python stack), so small steps of many
-    collectives pay it most."""
-    runs = {"on": [], "off": []}
+    """{mode: (wall s, CPU s of the calling thread)} per all-reduce of one float on 2
+    ranks, for each of ``MODES``, alternated ``repeats`` times, medians (the slower rank's).
+    The calling thread's CPU time is what the recorder and DETAIL add to each call
+    (a wait uses none), so it reads the same on a loaded machine, where wall time does
+    not."""
+    runs = {mode: [] for mode in MODES}
     for _ in range(repeats):
-        for mode, env in (("on", {}), ("off", dict(TORCH_FR_BUFFER_SIZE="0"))):
+        for mode, env in MODES.items():
             with gather.environment(**dict({"TORCH_DISTRIBUTED_DEBUG": "OFF"}, **env)):
                 cluster = session.start(world_size=2, backend="gloo")
             runs[mode].append(max(cluster.run(_calls, calls, timeout=300)))
     session.shutdown()
-    return {mode: statistics.median(v) for mode, v in runs.items()}
+    return {mode: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+            for mode, v in runs.items()}
 
 
 def main(argv):
@@ -113,10 +130,14 @@ def main(argv):
               f"{r['seconds']:5.1f} s  left={r['left']}  {r['tool']}: {r['said'][:90]}")
     cost = overheads(args.repeats, args.steps)
     for mode, tps in cost["tokens_per_s"].items():
-        print(f"capstone (2,1,1,1) {mode:8s} {tps:9.0f} tokens/s (median of {args.repeats})")
+        print(f"capstone (2,1,1,1) {mode:8s} {tps:9.0f} tokens/s, "
+              f"{cost['cpu_per_step'][mode] * 1e3:6.2f} ms CPU per step "
+              f"(median of {args.repeats})")
+    print(f"CPU per step: DETAIL x{cost['detail_cpu']:.3f}, Flight Recorder x{cost['fr_cpu']:.3f}")
     call = per_call(args.repeats)
-    print(f"one all-reduce of 1 float, 2 ranks: {call['on'] * 1e6:.0f} us with the Flight "
-          f"Recorder, {call['off'] * 1e6:.0f} us without (median of {args.repeats})")
+    for mode, (wall, cpu) in call.items():
+        print(f"one all-reduce of 1 float, 2 ranks, {mode:8s}: {wall * 1e6:6.0f} us wall, "
+              f"{cpu * 1e6:6.0f} us CPU of the calling thread (median of {args.repeats})")
     named = sum(r["named"] and not r["left"] for r in rows)
     print(f"debug_faults_named={named}/{len(rows)} "
           f"debug_worst_seconds_to_name={max(r['seconds'] for r in rows):.1f} "

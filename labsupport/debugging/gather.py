@@ -54,18 +54,23 @@ def start(world_size, detail=False):
         return session.start(world_size=world_size, backend="gloo")
 
 
+NO_HANG_DEADLINE = 120.0   # s: a fault that ends by itself is never cut short by load
+
+
 def run_fault(fault, timeout=4.0, cluster=None):
-    """Run ``fault`` on a fresh group (or ``cluster``) with a ``timeout`` s deadline.
+    """Run ``fault`` on a fresh group (or ``cluster``) with a ``timeout`` s deadline if it
+    hangs (a fault that ends by itself, slow or raising, gets ``NO_HANG_DEADLINE``).
     Returns (artefacts, seconds from the start of the run to its report, the RankError or
     None)."""
     cluster = cluster or start(fault.world_size, fault.detail)
+    deadline = timeout if fault.hangs else max(timeout, NO_HANG_DEADLINE)
     t0 = time.perf_counter()
     try:
-        outs, error = cluster.run(fault.fn, timeout=timeout, **fault.kwargs), None
+        outs, error = cluster.run(fault.fn, timeout=deadline, **fault.kwargs), None
     except RankError as exc:
         outs, error = None, exc
     seconds = time.perf_counter() - t0
-    return artefacts(fault.world_size, timeout, outs, error), seconds, error
+    return artefacts(fault.world_size, deadline, outs, error), seconds, error
 
 
 def artefacts(world_size, timeout, outs=None, error=None) -> dict:
