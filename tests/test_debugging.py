@@ -182,3 +182,32 @@ def test_parting_lines_check(runs, capsys):
         raise ls.NotWritten("parting_lines")
     assert ls.your_turn.check(lambda: checks.check_parting_lines(stub, fr), "parting_lines") is None
     assert "not written yet" in capsys.readouterr().out
+
+
+def test_normalise_keeps_the_default_group_under_detail_and_drops_the_wrappers():
+    entry = lambda pg_id, name, op, seq: dict(
+        record_id=seq, pg_id=pg_id, process_group=name, profiling_name=f"gloo:{op}",
+        collective_seq_id=seq, p2p_seq_id=0, is_p2p=False, input_sizes=[[4]],
+        input_dtypes=["Float"], state="scheduled", frames=[], time_created_ns=seq)
+    detail = {"entries": [entry(1, ("", ""), "all_gather", 3), entry(0, ("", ""), "all_reduce", 1)],
+              "groups": {"0": [0, 1]}}
+    out = flight.normalise(detail)
+    assert [(e["group"], e["op"], e["seq"], e["group_ranks"]) for e in out] == \
+        [("default_pg", "all_reduce", 1, [0, 1])]
+    plain = {"entries": [entry(0, ("0", "default_pg"), "all_reduce", 1),
+                         entry(1, ("1", "undefined"), "broadcast", 1)],
+             "groups": {"0": [0, 1, 2], "1": [0, 2]}}
+    assert [(e["group"], e["group_ranks"]) for e in flight.normalise(plain)] == \
+        [("default_pg", [0, 1, 2]), ("1", [0, 2])]
+    assert flight.normalise(None) == [] and flight.describe({}) == ""
+
+
+def test_a_hang_with_the_recorder_off_is_reported_without_its_lines():
+    fault = zoo.FAULTS["slow_path_collective"]
+    with gather.environment(TORCH_FR_BUFFER_SIZE="0"):
+        cluster = ls.start(world_size=fault.world_size)
+    art, _, error = gather.run_fault(fault, timeout=TIMEOUT, cluster=cluster)
+    assert isinstance(error, ls.RankTimeout) and "Flight Recorder" not in str(error)
+    assert all(entries == [] for entries in art["flight_recorder"].values())
+    assert "stopped here" in str(error)
+    ls.shutdown()

@@ -139,8 +139,9 @@ def group_name(entry: dict) -> str | None:
 def normalise(record: dict) -> list[dict]:
     """One rank's record as plain entries, in the order the rank issued them:
     {seq, op, group, group_ranks, shapes, dtypes, state, frames, time_ns} (``time_ns``:
-    when it was issued, on the machine's clock). Entries without a
-    group name (DETAIL's wrapper) are left out."""
+    when it was issued, on the machine's clock). Under DETAIL, whose wrapper blanks the
+    groups' names, the default group's entries (``pg_id`` 0) keep their name and the
+    others (the wrapper's fingerprint all-gathers, the groups made later) are left out."""
     if not record:
         return []
     names = {}
@@ -149,9 +150,13 @@ def normalise(record: dict) -> list[dict]:
         if name:
             names[name] = group_name(entry)
     ranks_of = {names.get(n, n): list(r) for n, r in record.get("groups", {}).items()}
+    if "0" in record.get("groups", {}):
+        ranks_of.setdefault("default_pg", list(record["groups"]["0"]))
     out = []
     for entry in sorted(record.get("entries", []), key=lambda e: e.get("record_id", 0)):
         group = group_name(entry)
+        if group is None and entry.get("pg_id") == 0:
+            group = "default_pg"     # DETAIL blanks names; the first group made is the default
         if group is None:
             continue
         p2p = bool(entry.get("is_p2p"))
