@@ -118,3 +118,14 @@ def test_the_capstone_benchmark_ends_with_its_line():
                         last), out.stdout[-2000:]
     step0 = float(re.search(rf"capstone_step0_rel_diff=({num})", last).group(1))
     assert step0 <= 1e-6, last
+
+
+def test_the_debug_benchmark_ends_with_its_line():
+    """Two faults (a hang and a straggler), one alternated run of each mode."""
+    out = _bench("debug", "--faults", "eval_on_rank_zero", "straggler", "--repeats", "1",
+                 "--steps", "3")
+    assert out.returncode == 0, out.stderr[-2000:]
+    last = out.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(rf"debug_faults_named=2/2 debug_worst_seconds_to_name={NUMBER} "
+                        rf"debug_detail_overhead={NUMBER} debug_fr_overhead={NUMBER}",
+                        last), out.stdout[-2000:]

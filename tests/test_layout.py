@@ -22,7 +22,7 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "labsupport"
 TOPICS = ["memory", "collectives", "ring", "data_parallel", "tensor_parallel", "pipeline",
           "context_parallel", "zero", "device_mesh", "expert_parallel", "checkpoints",
-          "capstone"]
+          "capstone", "debugging"]
 BASE = {"launch", "_patch", "_aliases", "plots"}
 INSTRUMENT_FOLDERS = {"checking"}       # folders among the flat instruments
 

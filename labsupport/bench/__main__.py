@@ -16,6 +16,8 @@
                                               #   2 nodes
     python -m labsupport.bench capstone       # chapter 11: parity, hand vs PyTorch's
                                               #   composition, MFU, resume
+    python -m labsupport.bench debug          # chapter 12: the fault zoo named, DETAIL's and
+                                              #   the Flight Recorder's cost
     python -m labsupport.bench <name> --help
 """
 import importlib
@@ -35,6 +37,7 @@ BENCHMARKS = {
     "moe": "labsupport.expert_parallel.bench",
     "checkpoint": "labsupport.checkpoints.bench",
     "capstone": "labsupport.capstone.bench",
+    "debug": "labsupport.debugging.bench",
     "overlap": "labsupport.bench.overlap",
 }
 

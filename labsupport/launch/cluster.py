@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-from labsupport.launch import forkserver, progress
+from labsupport.launch import flight, forkserver, progress
 from labsupport.launch.errors import RankError, build_error, format_stack_dump
 from labsupport.launch.lifetime import describe_status
 from labsupport.launch.limits import (
@@ -46,6 +46,7 @@ class _Rank:
     output: RankOutput
     stack_path: str
     store_path: str
+    fr_path: str
 
 
 @dataclass
@@ -54,6 +55,7 @@ class _Outcome:
     failures: dict = field(default_factory=dict)   # rank -> exception description
     running: list = field(default_factory=list)    # ranks that never answered
     stacks: dict = field(default_factory=dict)     # rank -> where a stopped rank was
+    flight: dict = field(default_factory=dict)     # rank -> its Flight Recorder record
     reason: str = "deadline"  # why the running ranks were stopped (progress.Watch's)
     watch: progress.Watch | None = None
 
@@ -223,9 +225,12 @@ class Cluster:
 
     def _raise_for(self, outcome: _Outcome, deadline_text: str):
         if outcome.failures or outcome.running:
+            records = {rank: flight.normalise(rec) for rank, rec in outcome.flight.items()}
             error = build_error(outcome.failures, outcome.running, outcome.stacks,
-                                deadline_text, restarting=self._ranks is not None)
+                                deadline_text, restarting=self._ranks is not None,
+                                extra=flight.describe(records))
             error.reason = outcome.reason if outcome.running else None
+            error.flight_recorder = outcome.flight   # {rank: torch's record}, raw
             raise error from None
 
     # -- starting and stopping ranks -------------------------------------------------
@@ -243,7 +248,7 @@ class Cluster:
         self._ranks = [
             _Rank(rank, pid, Connection(ours.detach()),
                   RankOutput(rank, spec["out_path"], spec["err_path"]), spec["stack_path"],
-                  spec["store_path"])
+                  spec["store_path"], spec["fr_path"])
             for rank, (pid, (ours, _), spec) in enumerate(zip(pids, pairs, specs))]
         self._ready = False
 
@@ -261,7 +266,7 @@ class Cluster:
                     env=env, sys_path=list(_sys_path()), cwd=os.getcwd(),
                     store_path=prefix + ".store",
                     out_path=f"{prefix}.r{rank}.out", err_path=f"{prefix}.r{rank}.err",
-                    stack_path=f"{prefix}.r{rank}.stack")
+                    stack_path=f"{prefix}.r{rank}.stack", fr_path=f"{prefix}.r{rank}.fr")
 
     def _wait_ready(self, timeout):
         outcome = self._collect_or_abort(time.monotonic() + timeout, stream=False)
@@ -275,6 +280,10 @@ class Cluster:
             stuck = [r for r in self._ranks if r.rank in outcome.running]
             dumps = forkserver.get().dump_stacks({r.pid: r.stack_path for r in stuck})
             outcome.stacks = {r.rank: format_stack_dump(dumps[r.pid]) for r in stuck}
+            # every rank's record, the finished ones' too: where their calls part
+            records = flight.collect(forkserver.get(), {r.pid: r.fr_path for r in self._ranks})
+            outcome.flight = {r.rank: records[r.pid] for r in self._ranks
+                              if records.get(r.pid) is not None}
         self._stop_ranks()
         if self._respawn and not self._closed:
             try:
@@ -297,7 +306,7 @@ class Cluster:
         for r in ranks:
             r.conn.close()
             r.output.remove()
-            for path in (r.stack_path, r.store_path):
+            for path in (r.stack_path, r.store_path, r.fr_path):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(path)
 

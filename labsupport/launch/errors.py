@@ -20,6 +20,7 @@ class RankError(RuntimeError):
     """
 
     reason: str | None = None
+    flight_recorder: dict = {}   # rank -> torch's Flight Recorder record (hangs only)
 
     def __init__(self, message: str, failures: dict | None = None, stacks: dict | None = None):
         super().__init__(message)
@@ -48,8 +49,9 @@ class RankTimeout(RankError, TimeoutError):
 
 
 def build_error(failures: dict, running: list, stacks: dict, deadline: str,
-                restarting: bool) -> RankError:
-    """One exception for the whole group: a summary line, then each rank's story.
+                restarting: bool, extra: str = "") -> RankError:
+    """One exception for the whole group: a summary line, then each rank's story
+    (``extra``, if given, after the summary: the Flight Recorder's lines, ``flight``).
 
     Ranks with the same traceback (or stopped at the same place) share one entry.
     """
@@ -66,6 +68,8 @@ def build_error(failures: dict, running: list, stacks: dict, deadline: str,
              for text, ranks in _group(failures, format_failure).items()]
     parts += [f"--- {_ranks(ranks)} stopped here ---\n{text}".rstrip()
               for text, ranks in _group({r: stacks.get(r, "") for r in running}, str).items()]
+    if extra:
+        parts.insert(0, extra.rstrip())
     cls = RankError if failures else RankTimeout
     return cls(head + "\n\n" + "\n\n".join(parts), failures, stacks)
 

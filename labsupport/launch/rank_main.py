@@ -17,7 +17,7 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 
-from labsupport.launch import identity
+from labsupport.launch import flight, identity
 from labsupport.launch.lifetime import die_with_parent, flush_c_stdio
 from labsupport.launch.limits import COLLECTIVE_TIMEOUT
 
@@ -41,6 +41,8 @@ def main(fd: int, spec: dict, server_pid: int) -> int:
     conn = Connection(fd)
     _redirect_output(spec)
     _apply_environment(spec)
+    if spec.get("fr_path"):
+        flight.install(spec["fr_path"])  # the rank's Flight Recorder, written on SIGUSR2
     try:
         _init_process_group(spec)
     except BaseException as exc:
@@ -90,6 +92,10 @@ def _init_process_group(spec: dict):
     # this group and every group made on this rank (dist.new_group, a DeviceMesh)
     # wait longer than any deadline (see limits).
     c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = COLLECTIVE_TIMEOUT
+    # torch read TORCH_DISTRIBUTED_DEBUG when the process server imported it, before
+    # this rank had the kernel's environment: read it again (DETAIL wraps every group
+    # made from now on and checks each collective's fingerprint across ranks).
+    dist.set_debug_level_from_env()
     dist.init_process_group(spec["backend"], store=store, rank=spec["rank"],
                             world_size=spec["world_size"], timeout=COLLECTIVE_TIMEOUT,
                             device_id=device if device.type == "cuda" else None)

@@ -238,7 +238,8 @@ def _hint(field, value, case) -> str:
     if field == "kind":
         detail = "flight_recorder" not in case.artefacts and case.kind in ("desync", "mismatch")
         where = (". This run left no flight_recorder: DETAIL's messages give each rank's "
-                 "fingerprint (SequenceNumber, OpType, TensorShape, TensorDtypes)"
+                 "fingerprint (SequenceNumber, counted from 0, OpType, TensorShape, "
+                 "TensorDtypes)"
                  if detail else "")
         return f"{said}, but {_KIND_HINT[case.kind]}{where}"
     if field == "ranks":

@@ -356,9 +356,11 @@ def _timeout_messages(rng, fr, faulty, artefacts, nccl):
 
 
 def fingerprint(call, seq) -> str:
-    """DETAIL's text for one rank's collective (ProcessGroupWrapper's CollectiveFingerPrint)."""
+    """DETAIL's text for one rank's collective (ProcessGroupWrapper's CollectiveFingerPrint).
+    Its SequenceNumber counts from 0 where the recorder's seq counts from 1 (torch 2.13:
+    chapter 12's shape mismatch at the second all-reduce prints SequenceNumber=1)."""
     shape = ", ".join(str(d) for d in (call.shape or (1,)))
-    return (f"CollectiveFingerPrint(SequenceNumber={seq}, OpType={OP_TYPE[call.op]}, "
+    return (f"CollectiveFingerPrint(SequenceNumber={seq - 1}, OpType={OP_TYPE[call.op]}, "
             f"TensorShape=[{shape}], TensorDtypes={call.dtype}, TensorDeviceTypes=cpu)")
 
 
