@@ -12,7 +12,6 @@ import pytest
 import labsupport as ls
 from labsupport.debugging import bench, checks, gather, straggler, zoo
 from labsupport.launch import flight
-
 from nbtools import assert_lesson_copy, notebook_definitions
 
 pytestmark = pytest.mark.slow
@@ -85,8 +84,9 @@ def test_the_launchers_report_names_op_and_sequence_number_per_rank(runs):
 
 
 def test_where_they_part_on_made_up_records():
-    e = lambda seq, op, shape=(4,): dict(seq=seq, op=op, group="g", group_ranks=[0, 1],
-                                         shapes=[list(shape)], dtypes=["Float"], frames=[])
+    def e(seq, op, shape=(4,)):
+        return dict(seq=seq, op=op, group="g", group_ranks=[0, 1],
+                    shapes=[list(shape)], dtypes=["Float"], frames=[])
     same = {0: [e(1, "all_reduce")], 1: [e(1, "all_reduce")]}
     assert flight.where_they_part(same) == []
     shape = {0: [e(1, "all_reduce"), e(2, "all_reduce")], 1: [e(1, "all_reduce"),
@@ -180,16 +180,19 @@ def test_parting_lines_check(runs, capsys):
 
     def stub(recs):
         raise ls.NotWritten("parting_lines")
-    assert ls.your_turn.check(lambda: checks.check_parting_lines(stub, fr), "parting_lines") is None
+    assert ls.your_turn.check(lambda: checks.check_parting_lines(stub, fr),
+                              "parting_lines") is None
     assert "not written yet" in capsys.readouterr().out
 
 
 def test_normalise_keeps_the_default_group_under_detail_and_drops_the_wrappers():
-    entry = lambda pg_id, name, op, seq: dict(
-        record_id=seq, pg_id=pg_id, process_group=name, profiling_name=f"gloo:{op}",
-        collective_seq_id=seq, p2p_seq_id=0, is_p2p=False, input_sizes=[[4]],
-        input_dtypes=["Float"], state="scheduled", frames=[], time_created_ns=seq)
-    detail = {"entries": [entry(1, ("", ""), "all_gather", 3), entry(0, ("", ""), "all_reduce", 1)],
+    def entry(pg_id, name, op, seq):
+        return dict(
+            record_id=seq, pg_id=pg_id, process_group=name, profiling_name=f"gloo:{op}",
+            collective_seq_id=seq, p2p_seq_id=0, is_p2p=False, input_sizes=[[4]],
+            input_dtypes=["Float"], state="scheduled", frames=[], time_created_ns=seq)
+    detail = {"entries": [entry(1, ("", ""), "all_gather", 3),
+                          entry(0, ("", ""), "all_reduce", 1)],
               "groups": {"0": [0, 1]}}
     out = flight.normalise(detail)
     assert [(e["group"], e["op"], e["seq"], e["group_ranks"]) for e in out] == \

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from labsupport.debugging import straggler, zoo
+from labsupport.debugging import straggler
 from labsupport.launch import flight, session
 from labsupport.launch.errors import RankError
 

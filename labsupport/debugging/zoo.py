@@ -2,7 +2,7 @@
 
     from labsupport.debugging import zoo
     fault = zoo.FAULTS["eval_on_rank_zero"]
-    fault.fn, fault.kwargs        # what every rank runs (``cluster.run(fault.fn, **fault.kwargs)``)
+    fault.fn, fault.kwargs        # what every rank runs: cluster.run(fault.fn, **fault.kwargs)
     fault.report                  # the public report it reproduces
     fault.expect                  # what the tooling must name: kind, ranks, op, group, seq/step
 
@@ -293,6 +293,7 @@ FAULTS = {f.name: f for f in [
           "FALCON (arXiv 2410.12588); traceopt-ai/traceml #252", "call recorder",
           dict(kind="straggler", ranks=[1]), hangs=False),
     Fault("reduced_copy", reduced_copy, 3,
-          "jingyaogong/minimind PR #854 (replicas silently diverge), pytorch #109191", "replica checksums",
+          "jingyaogong/minimind PR #854 (replicas silently diverge), pytorch #109191",
+          "replica checksums",
           dict(kind="divergence", ranks=[1], step=2), hangs=False),
 ]}
