@@ -395,3 +395,44 @@ def test_the_wrong_clipping_norms_are_off_by_their_factors(layout):
     assert sum(x ** 2 for x in stages.values()) == pytest.approx(whole ** 2, rel=1e-12)
     if pp > 1:
         assert max(stages.values()) < whole * (1 - 1e-3)
+
+
+def _tied_norms_on_rank(layout):
+    """Assignment 9's tied decoder on this rank, one step synced (the tied weight
+    summed over its embedding group): the global norm, and counting every copy."""
+    import torch.distributed as dist
+
+    from labsupport.capstone import clip
+    from labsupport.grading import grad_sync_4d as g
+    layout = lay.Layout(*layout)
+    cfg = g.train_config(g.layers_for(layout))
+    stage, groups, coords = trainer.build(layout, cfg.gpt_config(), stage_class=g.TiedStage,
+                                          groups_of=g.tied_groups)
+
+    def sync(stage, groups, layout):
+        trainer.sync_gradients(stage, groups, layout)
+        tied = stage.shared_embedding_or_output_weight()
+        if layout.pp > 1 and tied is not None:
+            dist.all_reduce(tied.grad, group=groups["embedding"])
+
+    trainer.step(stage, torch.optim.SGD(stage.parameters(), lr=0.0),
+                 cfg.loader(layout, coords).next(), layout, groups, coords,
+                 cfg.micro_batches, sync=sync)
+    return (clip.grad_norm(stage, groups).item(),
+            clip.grad_norm(stage, groups, replicas_once=False).item())
+
+
+def test_a_tied_weight_on_two_stages_is_counted_once():
+    from labsupport.grading import grad_sync_4d as g
+    layout = (1, 2, 2, 1)
+    ref = trainer.reference(1, g.train_config(g.layers_for(layout)),
+                            record_grads=(0,))["grads"][0]
+    whole = math.sqrt(sum(x.square().sum().item() for x in ref.values()))
+    outs = ls.run(_tied_norms_on_rank, layout, world_size=4, backend="gloo")
+    tied = ref[g.TIED].square().sum().item()
+    for right, every_copy in outs:
+        assert right == pytest.approx(whole, rel=1e-5)
+        assert every_copy ** 2 > whole ** 2 + tied * 0.99      # the tied copy, twice
+    with pytest.raises(ValueError, match="does not clip"):
+        from labsupport.capstone import native
+        native.train((1, 1, 1, 1), 1, clip_norm=1.0)

@@ -18,10 +18,12 @@ cp) layout holds a piece of that sum:
 - nothing over dp or cp: after the sync every rank of a dp x cp group holds the
   same averaged gradient, so a sum over them would count it dp·cp times.
 
-Megatron-LM does the same in ``get_grad_norm_fp32``
-(``megatron/core/optimizer/clip_grads.py``): the parameters that are not
-tensor-parallel duplicates nor shared, their squares all-reduced over the
-model-parallel (tp x pp) group. ``WRONG`` holds the classic mistakes, as
+Megatron-LM does the same: its optimizer keeps the gradients of parameters
+that are neither shared nor tensor-parallel duplicates (``param_is_not_shared``,
+``param_is_not_tensor_parallel_duplicate``) and ``get_grad_norm_fp32``
+(``megatron/core/optimizer/clip_grads.py``) sums their squares over its
+``grad_stats_parallel_group``, the model-parallel (tp x pp) group when the
+optimizer is not distributed. ``WRONG`` holds the classic mistakes, as
 keywords of ``grad_norm``; ``tests/test_capstone.py`` measures their factors.
 """
 import torch
