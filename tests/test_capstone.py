@@ -250,6 +250,12 @@ def test_every_broken_variant_is_named_and_a_correct_one_is_not():
                                  optimizer_b=broken.get("optimizer"), **kw)
         assert report.step == 0 and words in (report.reduction or ""), (name, str(report))
         assert "not a group-size factor" not in str(report), (name, str(report))
+    # At tp = 2 the rows of bytes 128-255 (tp rank 1's shard) have a zero gradient
+    # at step 0 (ASCII only): summed over tp they receive rank 0's, with no factor.
+    report = compare.compare((1, 1, 1, 1), (1, 2, 1, 1), steps=1,
+                             sync_b=compare.sync_every_grad_over_tp)
+    assert report.ranks == [1] and "nonzero where the reference's is zero" in str(report)
+    assert "tp-sharded gradient all-reduced over tp" in report.reduction, str(report)
     # SGD's update is the gradient times lr: doubled too, and a correct run is equal
     assert compare.compare((1, 1, 1, 1), (1, 1, 2, 1), steps=2, optimizer="sgd").equal
 
