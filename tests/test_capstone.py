@@ -222,20 +222,40 @@ def test_compare_names_a_weight_updated_twice():
     assert "its update x2" in str(report)
 
 
+# Each broken variant on a layout where its group matters, and the words that name it
+# with its group. The last three are told apart by looking at each group's ranks
+# (their sum, their mean), not a factor: cp left out at 2x2x1x2, where dp, tp and
+# cp are all of size 2; no dp all-reduce at dp = 3; the shards summed at tp = 4.
+NAMED = {"LayerNorm grads not reduced over tp under SP":
+         ((1, 2, 2, 1), {}, "the sum over the tp group is the reference: the all-reduce "
+                            "over tp is missing"),
+         "loss averaged over dp but not cp": ((1, 1, 1, 2), {}, "x2 = |cp|"),
+         "a weight updated twice": ((1, 1, 2, 1), {}, "updated twice"),
+         "cp ranks left out of the gradient average":
+         ((2, 2, 1, 2), {}, "the mean over the cp group is the reference: the average "
+                            "over cp is missing (cp left out of the gradient all-reduce"),
+         "no dp all-reduce at all":
+         ((3, 1, 1, 2), dict(batch=12), "the mean over the dp group is the reference: "
+                                        "the average over dp is missing"),
+         "a tp-sharded gradient all-reduced over tp":
+         ((1, 4, 1, 1), {}, "the sum of the reference's tp shards: a tp-sharded gradient "
+                            "all-reduced over tp")}
+
+
 def test_every_broken_variant_is_named_and_a_correct_one_is_not():
-    layouts = {"LayerNorm grads not reduced over tp under SP": (1, 2, 2, 1),
-               "loss averaged over dp but not cp": (1, 1, 1, 2),
-               "a weight updated twice": (1, 1, 2, 1)}
-    assert set(layouts) == set(compare.BROKEN)
-    words = {"LayerNorm grads not reduced over tp under SP":
-             "all-reduce over tp is missing",
-             "loss averaged over dp but not cp": "x2 = |cp|",
-             "a weight updated twice": "updated twice"}
-    for name, layout in layouts.items():
-        kw = compare.BROKEN[name]
-        report = compare.compare((1, 1, 1, 1), layout, steps=2, sync_b=kw.get("sync"),
-                                 optimizer_b=kw.get("optimizer"))
-        assert words[name] in (report.reduction or ""), (name, str(report))
+    assert set(NAMED) == set(compare.BROKEN) and len(NAMED) >= 6
+    for name, (layout, kw, words) in NAMED.items():
+        broken = compare.BROKEN[name]
+        report = compare.compare((1, 1, 1, 1), layout, steps=1, sync_b=broken.get("sync"),
+                                 optimizer_b=broken.get("optimizer"), **kw)
+        assert report.step == 0 and words in (report.reduction or ""), (name, str(report))
+        assert "not a group-size factor" not in str(report), (name, str(report))
+    # At tp = 2 the rows of bytes 128-255 (tp rank 1's shard) have a zero gradient
+    # at step 0 (ASCII only): summed over tp they receive rank 0's, with no factor.
+    report = compare.compare((1, 1, 1, 1), (1, 2, 1, 1), steps=1,
+                             sync_b=compare.sync_every_grad_over_tp)
+    assert report.ranks == [1] and "nonzero where the reference's is zero" in str(report)
+    assert "tp-sharded gradient all-reduced over tp" in report.reduction, str(report)
     # SGD's update is the gradient times lr: doubled too, and a correct run is equal
     assert compare.compare((1, 1, 1, 1), (1, 1, 2, 1), steps=2, optimizer="sgd").equal
 
@@ -305,3 +325,120 @@ def test_the_your_turn_checks_pass_a_right_answer_and_name_each_slip():
             p.grad /= layout.dp
     with pytest.raises(AssertionError, match="all-reduce over tp is missing"):
         checks.check_repair(half_repair)
+
+
+# --- gradient-norm clipping across the mesh -----------------------------------------
+# A decoder every degree 3 divides (vocabulary, heads, positions under cp and SP,
+# blocks, rows per replica), in float64 so that only rounding is left.
+CLIP = dict(batch=12, seq_len=36, model=dict(vocab_size=258, hidden=48, heads=6, layers=3),
+            dtype=torch.float64)
+MAX_NORM = 0.5        # the norms of these steps are 0.98 to 1.2: every step clips
+CLIP_STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def clipped_reference():
+    return trainer.reference(CLIP_STEPS, record_grads=tuple(range(CLIP_STEPS)),
+                             clip_norm=MAX_NORM, **CLIP)
+
+
+def test_clipping_is_off_by_default():
+    assert trainer.TrainConfig().clip_norm is None
+    assert trainer.reference(1)["grad_norms"] == []
+
+
+@pytest.mark.parametrize("layout", [(3, 1, 1, 1), (1, 3, 1, 1), (1, 1, 3, 1), (1, 1, 1, 3),
+                                    (2, 2, 2, 1)], ids=lambda lay: "x".join(map(str, lay)))
+def test_clipping_across_the_mesh_is_one_process_clipping(layout, clipped_reference):
+    ref = clipped_reference
+    assert min(ref["grad_norms"]) > MAX_NORM * 1.5, ref["grad_norms"]   # it clips
+    outs = ls.run(trainer.train, layout, CLIP_STEPS, record_grads=tuple(range(CLIP_STEPS)),
+                  clip_norm=MAX_NORM, world_size=math.prod(layout), backend="gloo", **CLIP)
+    for o in outs:                      # every rank clips by the one global norm
+        rel = max(abs(a - b) / b for a, b in zip(o["grad_norms"], ref["grad_norms"]))
+        assert rel <= 1e-12, (o["rank"], o["grad_norms"], ref["grad_norms"])
+    p = compare.parity(outs, ref)       # the clipped gradients of every step, the curve
+    assert max(p.values()) <= 1e-12, p
+
+
+def _norms_on_rank(layout, **fields):
+    """On each rank, after one step's sync: the global gradient norm, right and in
+    each of ``clip.WRONG``'s ways."""
+    from labsupport.capstone import clip
+    seen = {}
+
+    def sync(stage, groups, layout):
+        trainer.sync_gradients(stage, groups, layout)
+        seen["right"] = clip.grad_norm(stage, groups).item()
+        for name, kw in clip.WRONG.items():
+            seen[name] = clip.grad_norm(stage, groups, **kw).item()
+
+    out = trainer.train(layout, 1, sync=sync, optimizer="sgd", lr=0.0, **fields)
+    return dict(norms=seen, coords=out["coords"], shards=out["shards"])
+
+
+@pytest.mark.parametrize("layout", [(3, 2, 1, 1), (1, 2, 2, 2)],
+                         ids=lambda lay: "x".join(map(str, lay)))
+def test_the_wrong_clipping_norms_are_off_by_their_factors(layout):
+    from labsupport.capstone import clip
+    dp, tp, pp, cp = layout
+    ref = trainer.reference(1, record_grads=(0,), **CLIP)["grads"][0]
+    whole = math.sqrt(sum(g.square().sum().item() for g in ref.values()))
+    outs = ls.run(_norms_on_rank, layout, world_size=math.prod(layout), backend="gloo",
+                  **CLIP)
+    replicated = {n for o in outs for n, shard in o["shards"].items() if shard is None}
+    rep = sum(ref[n].square().sum().item() for n in replicated)
+    assert {"tok.weight", "lm_head.weight"}.isdisjoint(replicated) and rep > 0
+    over_dp, tp_times, per_stage = clip.WRONG
+    stages = {}
+    for o in outs:
+        n = o["norms"]
+        assert n["right"] == pytest.approx(whole, rel=1e-12)       # one process's norm
+        assert n[over_dp] == pytest.approx(whole * math.sqrt(dp * cp), rel=1e-12)
+        assert n[tp_times] ** 2 == pytest.approx(whole ** 2 + (tp - 1) * rep, rel=1e-12)
+        stages[o["coords"][1]] = n[per_stage]
+    assert len(stages) == pp                                       # one norm per stage
+    assert sum(x ** 2 for x in stages.values()) == pytest.approx(whole ** 2, rel=1e-12)
+    if pp > 1:
+        assert max(stages.values()) < whole * (1 - 1e-3)
+
+
+def _tied_norms_on_rank(layout):
+    """Assignment 9's tied decoder on this rank, one step synced (the tied weight
+    summed over its embedding group): the global norm, and counting every copy."""
+    import torch.distributed as dist
+
+    from labsupport.capstone import clip
+    from labsupport.grading import grad_sync_4d as g
+    layout = lay.Layout(*layout)
+    cfg = g.train_config(g.layers_for(layout))
+    stage, groups, coords = trainer.build(layout, cfg.gpt_config(), stage_class=g.TiedStage,
+                                          groups_of=g.tied_groups)
+
+    def sync(stage, groups, layout):
+        trainer.sync_gradients(stage, groups, layout)
+        tied = stage.shared_embedding_or_output_weight()
+        if layout.pp > 1 and tied is not None:
+            dist.all_reduce(tied.grad, group=groups["embedding"])
+
+    trainer.step(stage, torch.optim.SGD(stage.parameters(), lr=0.0),
+                 cfg.loader(layout, coords).next(), layout, groups, coords,
+                 cfg.micro_batches, sync=sync)
+    return (clip.grad_norm(stage, groups).item(),
+            clip.grad_norm(stage, groups, replicas_once=False).item())
+
+
+def test_a_tied_weight_on_two_stages_is_counted_once():
+    from labsupport.grading import grad_sync_4d as g
+    layout = (1, 2, 2, 1)
+    ref = trainer.reference(1, g.train_config(g.layers_for(layout)),
+                            record_grads=(0,))["grads"][0]
+    whole = math.sqrt(sum(x.square().sum().item() for x in ref.values()))
+    outs = ls.run(_tied_norms_on_rank, layout, world_size=4, backend="gloo")
+    tied = ref[g.TIED].square().sum().item()
+    for right, every_copy in outs:
+        assert right == pytest.approx(whole, rel=1e-5)
+        assert every_copy ** 2 > whole ** 2 + tied * 0.99      # the tied copy, twice
+    with pytest.raises(ValueError, match="does not clip"):
+        from labsupport.capstone import native
+        native.train((1, 1, 1, 1), 1, clip_norm=1.0)

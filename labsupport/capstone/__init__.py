@@ -11,11 +11,13 @@
   5's 1F1B, the gradient sync over tp and dp x cp) and ``reference``, the same
   training in one process;
 - ``compare``: parity against one process, and ``compare(a, b)``, which names
-  the first parameter whose gradient (or update) differs and the reduction
-  (or the optimizer's double step) that explains it;
+  the first parameter whose gradient (or update) differs and the reduction,
+  with its group (or the optimizer's double step), that explains it;
 - ``native``: the same training from torch's FSDP2, DTensor TP + SP and
   pipelining's Schedule1F1B (hand ring attention for cp: ``context_parallel``
   raises on a CPU);
+- ``clip``: gradient-norm clipping across the 4-D mesh, equal to one process's
+  ``clip_grad_norm_`` (``train(..., clip_norm=)``), and the classic wrong norms;
 - ``checkpoint``: the training state saved with DCP at one layout and loaded at
   another (``train(checkpoint_every=, checkpoint_dir=, resume=)``);
 - ``run``: ``train`` as a torchrun script (``python -m labsupport.capstone.run``);

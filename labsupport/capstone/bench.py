@@ -3,6 +3,7 @@
     python -m labsupport.bench capstone [--steps 4] [--speed-layout 2 2 2 1]
                                         [--speed-steps 6] [--repeats 3] [--no-16]
                                         [--layouts 2,1,1,1 ...] [--hidden 64 ...]
+                                        [--clip-layouts 3,1,1,1 ...]
 
 On the capstone's decoder and the Bible's bytes (``labsupport.capstone``):
 
@@ -18,13 +19,18 @@ On the capstone's decoder and the Bible's bytes (``labsupport.capstone``):
   matmul peak on all its cores (``capstone.flops``: 6N + 12·L·h·s FLOPs
   per token; per machine, since the ranks share its cores);
 - resume: a run checkpointed at (2,2,2,1) half-way and resumed at (4,1,2,1)
-  against the uninterrupted run, every loss within ``compare.LOSS_RTOL``.
+  against the uninterrupted run, every loss within ``compare.LOSS_RTOL``;
+- clipping: the trainer's ``clip_norm`` (``capstone.clip``) in float64 at
+  layouts with a degree 3, against one process's ``clip_grad_norm_``: the
+  largest relative difference of the pre-clip norms, the clipped gradients of
+  every step and the loss curve.
 
 The last line is machine-readable: ``capstone_step0_rel_diff=<max over
 layouts> capstone_curve_rel_diff=<max over layouts and steps>
 capstone_step_ratio_vs_native=<x> capstone_mfu_measured_peak=<y>
-capstone_resume_equal=<0|1>``. Goals: step 0 <= 1e-6, curve <= 1e-4, step
-ratio <= 1.0, resume 1. Timings are this machine's, under its load.
+capstone_resume_equal=<0|1> capstone_clip_rel_diff=<max>``. Goals: step 0
+<= 1e-6, curve <= 1e-4, step ratio <= 1.0, resume 1, clip <= 1e-6. Timings
+are this machine's, under its load.
 """
 import argparse
 import math
@@ -34,6 +40,10 @@ LAYOUTS = [(1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2),
            (2, 2, 2, 1)]
 FOUR_D = (2, 2, 2, 2)
 SAVED_AT, RESUMED_AT = (2, 2, 2, 1), (4, 1, 2, 1)
+CLIP_LAYOUTS = [(3, 1, 1, 1), (1, 3, 1, 1), (1, 1, 3, 1), (1, 1, 1, 3), (2, 2, 2, 1)]
+# a decoder that every degree 3 divides; the norms of its first steps are 0.98 to 1.2
+CLIP_RUN = dict(batch=12, seq_len=36, clip_norm=0.5,
+                model=dict(vocab_size=258, hidden=48, heads=6, layers=3))
 
 
 def parity(args) -> list:
@@ -89,6 +99,35 @@ def resume(args) -> bool:
     return r["equal"]
 
 
+def clip(args) -> float:
+    """Clipped training at ``CLIP_LAYOUTS`` (float64) against one process clipping
+    with ``torch.nn.utils.clip_grad_norm_``: the largest relative difference."""
+    import torch
+
+    from labsupport.capstone import compare, trainer
+    from labsupport.launch import session
+    layouts = [tuple(x) for x in args.clip_layouts] if args.clip_layouts else CLIP_LAYOUTS
+    steps = tuple(range(args.steps))
+    ref = trainer.reference(args.steps, record_grads=steps, dtype=torch.float64, **CLIP_RUN)
+    if min(ref["grad_norms"]) <= CLIP_RUN["clip_norm"]:
+        raise SystemExit(f"clip: the norms {ref['grad_norms']} do not pass "
+                         f"{CLIP_RUN['clip_norm']}: nothing would be clipped")
+    worst = 0.0
+    for layout in layouts:
+        outs = session.run(trainer.train, layout, args.steps, record_grads=steps,
+                           dtype=torch.float64, backend="gloo",
+                           world_size=math.prod(layout), **CLIP_RUN)
+        norm = max(abs(a - b) / b for o in outs
+                   for a, b in zip(o["grad_norms"], ref["grad_norms"]))
+        p = compare.parity(outs, ref)
+        print(f"clip {layout}: norms {norm:.1e}  clipped grads {p['grad_rel']:.1e}  "
+              f"curve {p['curve_rel']:.1e} (float64, max_norm {CLIP_RUN['clip_norm']}, "
+              f"one-process norms {min(ref['grad_norms']):.2f} to "
+              f"{max(ref['grad_norms']):.2f})")
+        worst = max(worst, norm, *p.values())
+    return worst
+
+
 def _layout(text):
     parts = tuple(int(x) for x in text.split(","))
     if len(parts) != 4 or min(parts) < 1:
@@ -103,6 +142,8 @@ def main(argv):
     parser.add_argument("--no-16", action="store_true", help="skip the 16-rank layout")
     parser.add_argument("--layouts", type=_layout, nargs="+", metavar="DP,TP,PP,CP",
                         help="parity on these layouts only (default: the chapter's)")
+    parser.add_argument("--clip-layouts", type=_layout, nargs="+", metavar="DP,TP,PP,CP",
+                        help="clipping parity on these layouts (default: CLIP_LAYOUTS)")
     parser.add_argument("--speed-layout", type=int, nargs=4, default=[2, 2, 2, 1],
                         metavar=("DP", "TP", "PP", "CP"))
     parser.add_argument("--speed-steps", type=int, default=6)
@@ -118,8 +159,10 @@ def main(argv):
     tps = speed(args)
     value = mfu(tps["hand_tokens_per_s"], args)
     equal = resume(args)
+    clip_rel = clip(args)
     print(f"capstone_step0_rel_diff={max(r['step0_rel'] for r in rows):.3e} "
           f"capstone_curve_rel_diff={max(r['curve_rel'] for r in rows):.3e} "
           f"capstone_step_ratio_vs_native={tps['ratio']:.3f} "
           f"capstone_mfu_measured_peak={value:.4f} "
-          f"capstone_resume_equal={int(equal)}")
+          f"capstone_resume_equal={int(equal)} "
+          f"capstone_clip_rel_diff={clip_rel:.3e}")

@@ -16,7 +16,15 @@ what factor; then each group the layout has is tried as the explanation:
   doubled, or an average over G that forgot its division;
 - they are 1/|G| of it: divided by |G| once too often;
 - their sum over G is the reference: the all-reduce over G is missing (a
-  partial gradient left unsummed, as LayerNorm's under sequence parallelism).
+  partial gradient left unsummed, as LayerNorm's under sequence parallelism);
+- their mean over G is the reference: G is left out of the average (each rank
+  kept its own tokens' gradient: cp ranks left out of the dp all-reduce, or no
+  dp all-reduce at all);
+- each is the sum of the reference's tp shards: a tp-sharded gradient
+  all-reduced over tp, as if it were replicated.
+
+Each explanation names its group; groups of one size are told apart by the
+sum and mean tests, which look at the ranks of each group, not at a factor.
 
 When a step's loss and gradients agree, its updates (each parameter's change
 in the optimizer's step) are compared too: gradients equal and an update k
@@ -163,8 +171,10 @@ class Report:
                 else f"loss relative difference {self.loss_rel:.1e}")
         lines = [f"{b} vs {a}: first difference at step {self.step} ({loss})"]
         if self.parameter:
+            factor = (f"x{self.factor:.3g} the reference's" if not math.isnan(self.factor)
+                      else "nonzero where the reference's is zero")
             lines.append(f"  first parameter: {self.parameter}, on ranks {self.ranks}, "
-                         f"its {self.what} x{self.factor:.3g} the reference's")
+                         f"its {self.what} {factor}")
         lines.append(f"  diagnosis: {self.reduction or 'not a group-size factor'}")
         return "\n".join(lines)
 
@@ -201,18 +211,38 @@ def diagnose(outs, ref, step, name, layout):
         if all(close(local[r], want[r] / size) for r in bad):
             return bad, factor, (f"/{size} = |{names}|: divided by the size of {names} "
                                  f"once too often{alike}")
-    for n in sizes:
-        ok = True
+    def every_group(n, holds):
+        """``holds(held)`` for every group of name n with a bad rank (``held``:
+        its ranks that hold the parameter)."""
         for g in groups[n]:
             held = [r for r in g if r in local]
-            if not held or not any(r in bad for r in held):
-                continue
-            total = sum(local[r] for r in held)
-            ok &= all(close(total, want[r]) for r in held)
-        if ok:
+            if held and any(r in bad for r in held) and not holds(held):
+                return False
+        return True
+
+    for n in sizes:
+        if every_group(n, lambda held: all(close(sum(local[q] for q in held), want[r])
+                                           for r in held)):
             return bad, factor, (f"the sum over the {n} group is the reference: the "
                                  f"all-reduce over {n} is missing (partial gradients)")
+    for n in sizes:
+        if every_group(n, lambda held: all(
+                close(sum(local[q] for q in held) / len(held), want[r]) for r in held)):
+            return bad, factor, (f"the mean over the {n} group is the reference: the "
+                                 f"average over {n} is missing ({n} left out of the "
+                                 f"gradient all-reduce: each rank kept the gradient of its "
+                                 f"own {TOKENS.get(n, 'part')})")
+    sharded = all(by_rank[r]["shards"][name] is not None for r in bad)
+    if "tp" in sizes and sharded and every_group("tp", lambda held: all(
+            close(local[r], sum(want[q] for q in held)) for r in held)):
+        return bad, factor, ("the sum of the reference's tp shards: a tp-sharded "
+                             "gradient all-reduced over tp (each tp rank holds a "
+                             "different shard; only replicated, partial gradients are "
+                             "summed over tp)")
     return bad, factor, None
+
+
+TOKENS = {"dp": "rows", "cp": "positions", "dp_cp": "rows and positions"}
 
 
 def diagnose_update(outs, ref_updates, ref_grads, step, name):
@@ -287,6 +317,29 @@ def sync_dp_not_cp(stage, groups, layout):
     all_reduce_buckets(stage, groups["dp_cp"], divide_by=layout.dp)
 
 
+def sync_dp_not_cp_ranks(stage, groups, layout):
+    """Broken on purpose: the gradients averaged over the dp group alone, as in a
+    data-parallel trainer that cp was added to: the cp ranks, which saw other
+    positions of the same rows, are left out of the all-reduce."""
+    allreduce_sequence_parallel_grads(stage)
+    all_reduce_buckets(stage, groups["dp"], divide_by=layout.dp)
+
+
+def sync_without_dp(stage, groups, layout):
+    """Broken on purpose: no all-reduce over dp at all; the gradients are averaged
+    over the cp ranks only (each dp replica keeps its own rows' gradient)."""
+    allreduce_sequence_parallel_grads(stage)
+    all_reduce_buckets(stage, groups["cp"], divide_by=layout.cp)
+
+
+def sync_every_grad_over_tp(stage, groups, layout):
+    """Broken on purpose: every gradient summed over tp, as if tp were another
+    dp: right for the partial gradients of sequence parallelism, wrong for a
+    tp-sharded weight, whose ranks hold different shards."""
+    all_reduce_buckets(stage, groups["tp"], divide_by=1)
+    all_reduce_buckets(stage, groups["dp_cp"], divide_by=layout.dp * layout.cp)
+
+
 def adamw_one_weight_twice(params, lr=3e-3):
     """Broken on purpose: the trainer's AdamW (its default lr) over a
     parameter list that holds the stage's first weight twice, as a list
@@ -299,11 +352,14 @@ def adamw_one_weight_twice(params, lr=3e-3):
         return torch.optim.AdamW(params + params[:1], lr=lr, weight_decay=0.0)
 
 
-# Three broken variants, by name: the train() keywords that make each.
+# The broken variants, by name: the train() keywords that make each.
 BROKEN = {"LayerNorm grads not reduced over tp under SP":
           dict(sync=sync_without_sp_reduce),
           "loss averaged over dp but not cp": dict(sync=sync_dp_not_cp),
-          "a weight updated twice": dict(optimizer=adamw_one_weight_twice)}
+          "a weight updated twice": dict(optimizer=adamw_one_weight_twice),
+          "cp ranks left out of the gradient average": dict(sync=sync_dp_not_cp_ranks),
+          "no dp all-reduce at all": dict(sync=sync_without_dp),
+          "a tp-sharded gradient all-reduced over tp": dict(sync=sync_every_grad_over_tp)}
 
 
 def compare(layout_a, layout_b, steps=3, sync_b=None, optimizer_b=None, **train_kw):

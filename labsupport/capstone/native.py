@@ -246,6 +246,9 @@ def train(layout, steps, config=None, *, record_grads=(), warmup=1, **fields):
     cfg, layout = trainer.TrainConfig.of(config, **fields), Layout(*layout)
     if steps < 1:
         raise ValueError(f"train needs steps >= 1, got {steps}")
+    if cfg.clip_norm is not None:
+        raise ValueError("native.train does not clip gradients: clip_norm is "
+                         "trainer.train's option (capstone.clip); leave it None here")
     gpt_cfg = cfg.gpt_config()
     validate(gpt_cfg, layout, cfg.seq_len, cfg.sequence_parallel)
     if (cfg.batch // layout.dp) % cfg.micro_batches:

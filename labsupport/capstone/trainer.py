@@ -28,7 +28,9 @@ One step on every rank (``step``):
    SUM then a division by dp·cp (every rank holds as many tokens, so the mean
    of their means is the global mean);
 4. the optimizer steps each rank's own shards (AdamW and SGD act elementwise,
-   so sharded steps equal the whole one).
+   so sharded steps equal the whole one); with ``clip_norm`` (off by
+   default), the global gradient norm is clipped first, as one process's
+   ``clip_grad_norm_`` clips it (``capstone.clip``).
 
 With the same global batch, every layout computes the loss and the gradients
 of one process up to the order of floating-point sums (tests/test_capstone.py).
@@ -43,6 +45,7 @@ import torch.distributed as dist
 
 from labsupport import calls, models, timing
 from labsupport.capstone import checkpoint as capckpt
+from labsupport.capstone import clip as capclip
 from labsupport.capstone import data as capdata
 from labsupport.capstone.layout import Layout, make_groups
 from labsupport.capstone.model import Stage, run_config, validate
@@ -133,7 +136,9 @@ class TrainConfig:
     2 blocks, h = 32, 4 heads) or a whole ``models.GPTConfig`` (the tied decoder
     of assignment 9). ``optimizer``: "adamw" (no weight decay), "sgd" or a
     callable(params) -> Optimizer. ``text``: the training bytes (default: the
-    Bible's training split).
+    Bible's training split). ``clip_norm``: clip the global gradient norm to it
+    before each optimizer step (``torch.nn.utils.clip_grad_norm_``'s max_norm;
+    None, the default: no clipping).
     """
     # the model
     model: dict | models.GPTConfig | None = None
@@ -149,6 +154,7 @@ class TrainConfig:
     # the optimizer
     optimizer: str | Callable = "adamw"
     lr: float = 3e-3
+    clip_norm: float | None = None
 
     @classmethod
     def of(cls, config=None, **fields):
@@ -278,7 +284,8 @@ def train(layout, steps, config=None, *, sync=sync_gradients, record_grads=(),
     ``record_timeline``: the last step's spans and calls; checkpoints (DCP) every
     ``checkpoint_every`` steps; ``resume``: one of any layout (``steps`` counts from 0);
     ``on_step(step, loss)`` after each step. Returns, on each rank, ``run_steps``'s record,
-    its coordinates, shards, loader state, timeline, and parameters if asked."""
+    its coordinates, shards, loader state, timeline, and parameters if asked; with
+    ``clip_norm``, each step's gradient norm before clipping (``grad_norms``)."""
     cfg, layout = TrainConfig.of(config, **fields), Layout(*layout)
     if steps < 1:
         raise ValueError(f"train needs steps >= 1, got {steps}")
@@ -293,6 +300,9 @@ def train(layout, steps, config=None, *, sync=sync_gradients, record_grads=(),
         if checkpoint_every and not checkpoint_dir:
             raise ValueError("checkpoint_every needs a checkpoint_dir")
         timeline = {} if record_timeline else None
+        norms = []                       # each step's gradient norm before clipping
+        if cfg.clip_norm is not None:
+            sync = capclip.clipped(sync, cfg.clip_norm, norms)
 
         def one_step(k, ids, targets):
             return _recorded_step(timeline if k == steps - 1 else None, stage, opt,
@@ -311,7 +321,8 @@ def train(layout, steps, config=None, *, sync=sync_gradients, record_grads=(),
                         record_grads=record_grads, module=stage, after_step=after_step)
     return dict(out, coords=tuple(coords), layout=tuple(layout), shards=stage.shards(),
                 rank=dist.get_rank(), loader=loader.state_dict(), first_step=first,
-                params=_copies(stage) if return_params else None, timeline=timeline)
+                params=_copies(stage) if return_params else None, timeline=timeline,
+                grad_norms=norms)
 
 
 def _recorded_step(timeline, *args):
@@ -327,21 +338,26 @@ def _recorded_step(timeline, *args):
 
 def reference(steps, config=None, *, record_grads=(), **fields):
     """The same training in one process, on ``models.GPT`` itself (no lesson
-    code, no communication): the losses, the recorded gradients, the model."""
+    code, no communication): the losses, the recorded gradients, the model, and
+    with ``clip_norm`` each step's norm before ``clip_grad_norm_`` clipped it."""
     cfg = TrainConfig.of(config, **fields)
     gpt = models.GPT(cfg.gpt_config(), seed=cfg.seed).to(cfg.dtype)
     opt = cfg.make_optimizer(list(gpt.parameters()))
+    norms = []
 
     def one_step(k, ids, targets):
         opt.zero_grad()
         loss = gpt(ids, targets)
         loss.backward()
+        if cfg.clip_norm is not None:
+            norms.append(torch.nn.utils.clip_grad_norm_(gpt.parameters(),
+                                                        cfg.clip_norm).item())
         opt.step()
         return loss
 
     out = run_steps(one_step, cfg.loader(), steps, timed=False, record_grads=record_grads,
                     module=gpt)
-    return dict(losses=out["losses"], grads=out["grads"], model=gpt)
+    return dict(losses=out["losses"], grads=out["grads"], model=gpt, grad_norms=norms)
 
 
 def bits_per_byte(loss) -> float:
