@@ -19,6 +19,7 @@ from jupyterhub.proxy import ConfigurableHTTPProxy
 from traitlets import Unicode
 
 import hub_settings
+import service_tokens
 
 
 class CourseProxy(ConfigurableHTTPProxy):
@@ -35,3 +36,10 @@ class CourseProxy(ConfigurableHTTPProxy):
                        "on the address it was given in the end, command-line options "
                        "included:\n" + "\n".join(f"  - {p}" for p in problems))
             raise SystemExit(message)  # printed as it is (JupyterHub logs an Exception's traceback)
+
+    async def start(self):
+        """Before any managed service starts: their tokens of earlier starts are revoked."""
+        gone = service_tokens.revoke_stale(self.db, self.app._service_map)
+        if gone:
+            self.log.info("revoked %d token(s) of managed services of an earlier start", gone)
+        return await super().start()

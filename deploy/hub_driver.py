@@ -2,7 +2,7 @@
 free loopback ports, log in through its login form like a browser, call its
 REST API and a user's server, and run code in a kernel over its websocket.
 
-Used by tests/test_jupyterhub.py.
+Used by tests/test_jupyterhub.py and the hub's load benchmark (labsupport/bench/hub.py).
 """
 import asyncio
 import json
@@ -102,8 +102,35 @@ class HubProcess:
             proc.kill()
         assert not left, f"the hub left {names} running"
 
+    def crash(self):
+        """SIGKILL, as the OOM killer would: none of the hub's cleanup runs. Its
+        own children as they were (proxy, services), for the caller to follow."""
+        try:
+            own = [p for p in psutil.Process(self.proc.pid).children() if p.uids().real == 0]
+        except psutil.Error:
+            own = []
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+        return own
+
     def log(self):
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+def cullers(state_dir):
+    """The idle cullers running for the hub whose state is state_dir (their cwd)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        if (any("jupyterhub_idle_culler" in a for a in proc.info["cmdline"] or ())
+                and proc.info["cwd"] == str(state_dir)):
+            found.append(proc)
+    return found
+
+
+def token_in_environment(proc):
+    """The hub API token a service process was given (root reads /proc/PID/environ)."""
+    return proc.environ().get("JUPYTERHUB_API_TOKEN")
 
 
 def default_sigint():
