@@ -14,6 +14,7 @@
     python -m labsupport.bench overlap        # time beside bytes: crossings, every chapter
     python -m labsupport.bench checkpoint     # chapter 10: shard bytes, reshard, resume, async, 2 nodes
     python -m labsupport.bench capstone       # chapter 11: parity, hand vs PyTorch's composition, MFU, resume
+    python -m labsupport.bench hub            # a class logging in at once to the course's hub (root)
     python -m labsupport.bench <name> --help
 """
 import importlib
@@ -34,6 +35,7 @@ BENCHMARKS = {
     "checkpoint": "labsupport.checkpoints.bench",
     "capstone": "labsupport.capstone.bench",
     "overlap": "labsupport.bench.overlap",
+    "hub": "labsupport.bench.hub",
 }
 
 
