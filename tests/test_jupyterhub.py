@@ -32,7 +32,9 @@ the guide says; the modes are put back afterwards). Then:
    test, the gradebook, bob's work or the repository's history, hits the
    memory and process limits, and leaves nothing behind. As root this test
    fails, rather than skips, where no network namespace can be made;
-4. the hub restarts with a short idle timeout: it lends no GPU twice (the
+4. the hub is killed (SIGKILL) and started again with a short idle timeout:
+   its idle culler ended with it, the new hub runs one and refuses the dead
+   one's token, its proxy is replaced; it lends no GPU twice (the
    servers kept running and the pool learns what they hold), the admin stops
    bob's server, and the idle culler stops alice's server with all her
    processes (ranks, and one she detached), her GPU going back to the pool;
