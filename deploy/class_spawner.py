@@ -157,7 +157,7 @@ class CourseSpawnerMixin(HasTraits):
         """Wait in line, then the pool's hook. This runs before start(), under none of
         the spawn timeouts (jupyterhub 6.1.1, User.spawn): waiting is never a failure."""
         if not self.spawns_at_once:
-            return super().run_pre_spawn_hook()
+            return await maybe_future(super().run_pre_spawn_hook())
         await self.line.enter(self)
         try:
             return await maybe_future(super().run_pre_spawn_hook())

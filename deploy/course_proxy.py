@@ -14,6 +14,10 @@ after the file they are unchanged and change nothing: tests/test_hub_exposure.py
 files, after the hub's own address is set (``init_hub``) and before any port
 opens (``JupyterHub.start``): the check is made here, on what the proxy will
 really be given, whichever option or file set it. (jupyterhub 6.1.1, ``app.py``.)
+
+Its ``start`` is also where the managed services' tokens of earlier hub starts
+are revoked (service_tokens.py): in ``JupyterHub.start`` it runs after this
+start's tokens are made and before any service starts, with the database open.
 """
 from jupyterhub.proxy import ConfigurableHTTPProxy
 from traitlets import Unicode

@@ -5,12 +5,16 @@ Two modes (``COURSE_HUB_MODE``):
 
 - ``class`` (default): PAM logins limited to two Unix groups, one Unix user
   per student (class_spawner.py). Needs root (to read passwords and to switch
-  to each student's uid). Refuses to start without an admin, with the
+  to each student's uid). Refuses to start without an admin (or with one
+  named who has no Unix account), with the
   instructors' sources readable by students (notebooks/assignments, or the git
   history, which holds them too: private_sources.py), with a Python students
   cannot run, or on a non-loopback address without TLS.
 - ``trial``: every server runs as the hub's own user; loopback only, never as
   root. For one person trying the labs, or colleagues who trust each other.
+
+Both refuse an idle timeout below its floor (`idle_floor`). `spawn_timeouts`
+is the one place every timeout on a spawn's path comes from.
 
 `read(environ)` gives a `Settings`; `refusals(settings)` lists what is wrong;
 `check(settings)` raises SystemExit with all of it, which JupyterHub reports

@@ -45,7 +45,7 @@ the guide says; the modes are put back afterwards). Then:
 Not root: every test here skips, saying so. test_hub_config.py and test_hub_exposure.py check the
 refusals (trial mode as root, open binds, missing admin) without a hub.
 
-Run: sudo .venv/bin/python -m pytest tests/test_jupyterhub.py -v   (about 140 s on 2 cores)
+Run: sudo .venv/bin/python -m pytest tests/test_jupyterhub.py -v   (130 to 240 s on 2 cores, by load)
 """
 import asyncio
 import json
