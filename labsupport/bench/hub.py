@@ -48,6 +48,8 @@ print(json.dumps(cluster.run(reduce, timeout=300)))
 ls.shutdown()
 """
 EXPECTED = [3.0, 3.0]  # ranks 0 and 1 add 1 and 2
+# The last restart's settings: every server, idle since its cell, is culled at once.
+CULL_NOW = {"COURSE_IDLE_TIMEOUT": "20", "COURSE_ACTIVITY_INTERVAL": "10"}
 
 
 def parse(argv):
@@ -59,6 +61,8 @@ def parse(argv):
                    help="kernels running the lab cell at the same time")
     p.add_argument("--spawns-at-once", type=int, default=None,
                    help="COURSE_SPAWNS_AT_ONCE (default: the course's, the node's cores)")
+    p.add_argument("--server-start-s", type=int, default=None,
+                   help="COURSE_SERVER_START_S, every spawn timeout (default: the course's)")
     p.add_argument("--deadline", type=float, default=1200,
                    help="seconds for the logins, spawns and cells together")
     args = p.parse_args(argv)
@@ -120,7 +124,7 @@ async def run_cells(driver, hub_url, names_tokens, at_once, deadline):
     return ran, errors
 
 
-def crash_and_restart(driver, hub, state, probe):
+def crash_and_restart(driver, hub, state, probe, **settings):
     """SIGKILL the hub, start it again: (its processes left running, the cullers
     now, the longest gap in a student's answers through the proxy meanwhile)."""
     import psutil
@@ -143,7 +147,7 @@ def crash_and_restart(driver, hub, state, probe):
     poller.start()
     time.sleep(0.5)
     old = hub.crash()
-    hub.start()
+    hub.start(**settings)
     _, left = psutil.wait_procs(old, timeout=30)  # the new hub replaces the old proxy
     time.sleep(1)
     stop.set()
@@ -182,6 +186,8 @@ def bench(args, klass, driver, pids_of):
            "COURSE_CPUS_PER_USER": "1", "PYTHONPATH": str(ROOT)}
     if args.spawns_at_once:
         env["COURSE_SPAWNS_AT_ONCE"] = str(args.spawns_at_once)
+    if args.server_start_s:
+        env["COURSE_SERVER_START_S"] = str(args.server_start_s)
     hub = driver.HubProcess(klass.base / "run", env)
     hub.start()
     klass.hub = hub
@@ -217,7 +223,10 @@ def bench(args, klass, driver, pids_of):
     probe = (hub.url + f"user/{klass.accounts[first].name}/api/status" if first else hub.url,
              results[first][1] if first else "")
     for i in range(args.restarts):
-        left, cullers, gap = crash_and_restart(driver, hub, state, probe)
+        last = i == args.restarts - 1  # then every server is idle past a short timeout
+        left, cullers, gap = crash_and_restart(driver, hub, state, probe,
+                                               **(CULL_NOW if last else {}))
+        restarted = time.monotonic()
         orphans += len(left)
         services = len(cullers)
         alive = sum(1 for a in klass.accounts.values() if pids_of(a.uid))
@@ -225,6 +234,13 @@ def bench(args, klass, driver, pids_of):
               f"{[' '.join(p.cmdline()[:3]) for p in left]}, {services} culler(s) running, "
               f"students with processes: {alive}, longest gap in a student's answers "
               f"through the proxy: {gap:.2f} s", flush=True)
+    culled = time.monotonic() + 600
+    while any(pids_of(klass.accounts[s].uid) for s in ready) and time.monotonic() < culled:
+        time.sleep(0.5)
+    left = sum(1 for s in ready if pids_of(klass.accounts[s].uid))
+    print(f"the culler stopped {len(ready) - left} idle servers of {len(ready)} in "
+          f"{time.monotonic() - restarted:.1f} s after the last restart (idle timeout "
+          f"{CULL_NOW['COURSE_IDLE_TIMEOUT']} s)", flush=True)
     p95_s = f"{p95(ready.values()):.1f}" if ready else "nan"
     print(f"hub_students={n} hub_spawned={len(ready)} hub_ran={len(ran)} "
           f"hub_p95_ready_s={p95_s} hub_orphans={orphans} "
