@@ -99,17 +99,23 @@ def kernel_culling(timeout):
 
 
 def idle_culler(c, s):
-    """jupyterhub-idle-culler, a hub service: stops servers idle for idle_timeout s,
-    as many at once as may start at once. It runs on a leash (service_leash.py):
-    it ends when this hub process ends, even by SIGKILL, so a restarted hub never
-    finds a second one; and its token dies with it (course_proxy.py revokes every
-    token of a managed service but the one this start made)."""
+    """jupyterhub-idle-culler, a hub service: stops servers idle for idle_timeout s.
+    It runs on a leash (service_leash.py): it ends when this hub process ends, even
+    by SIGKILL, so a restarted hub never finds a second one; and its token dies
+    with it (course_proxy.py revokes every token of a managed service but the one
+    this start made)."""
     every = max(1, min(300, s.idle_timeout // 10))
     c.JupyterHub.services = [{
         "name": "idle-culler", "cwd": str(s.state_dir),
         "command": service_leash.command(
             [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={s.idle_timeout}",
              f"--cull-every={every}", f"--concurrency={max(10, s.spawns_at_once)}"])}]
+    # jupyterhub-idle-culler 2.0.0 awaits one user after another (cull_idle: `for
+    # name, f in futures: await f`; --concurrency bounds only requests in flight),
+    # and the hub answers each DELETE only when the stop ends or after
+    # slow_stop_timeout (10 s by default): idle servers were stopped one at a time.
+    # Answered 202 ("stopping") after 1 s, the culler goes on while the stops run.
+    c.JupyterHub.tornado_settings = {"slow_stop_timeout": 1}
     c.JupyterHub.load_roles = [{
         "name": "idle-culler", "services": ["idle-culler"],
         "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]}]
