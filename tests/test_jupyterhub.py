@@ -656,6 +656,9 @@ async def restart_and_cull(hub, people, servers):
         await servers.api.start_server(carol.name, carol.token)
     await servers.api.api("DELETE", f"hub/api/users/{bob.name}/server", ian.token)
     await gone_within(bob.uid, 30, "bob's server stopped by the admin")
+    # The hub answers a stop after 1 s (the culler's sake, jupyterhub_config.py) and
+    # gives the GPUs back when the stop has ended.
+    await logged_within(hub, f"gpu_pool: {bob.name} gave back '1'", 30)
     await servers.api.start_server(carol.name, carol.token)
     assert f"gpu_pool: {carol.name} gets CUDA_VISIBLE_DEVICES=" in hub.log()
     await asyncio.gather(gone_within(alice.uid, idle_timeout + 20, "alice's idle server"),
