@@ -47,6 +47,11 @@ INTEGERS = {"cpus": "COURSE_CPUS_PER_USER", "processes": "COURSE_PROCESSES_PER_U
 # together (about a core each). Measured on this project's 2-core machine: the
 # book's table. Every timeout on a spawn's path is derived from it (spawn_timeouts).
 SERVER_START_S = 120
+# A server's start costs about 4 core-seconds (16 started at once on 2 cores
+# were all ready in 31 s) but lasts about 6 s alone, mostly waiting: 4 starts
+# per core keep the cores busy, each then lasting about 16 s on an idle node,
+# a seventh of SERVER_START_S (room for a node busy with other work).
+SPAWNS_PER_CORE = 4
 
 
 @dataclasses.dataclass
@@ -101,8 +106,8 @@ def read(environ=None, gpus=(), gpus_per_user=1):
             setattr(s, field, int(text))
     if s.cpus is None and gpus and gpus_per_user:  # a fair share of the cores per server
         s.cpus = max(1, (os.cpu_count() or 1) * gpus_per_user // len(gpus))
-    if s.spawns_at_once is None:  # a start is one process importing: a core each
-        s.spawns_at_once = os.cpu_count() or 1
+    if s.spawns_at_once is None:
+        s.spawns_at_once = SPAWNS_PER_CORE * (os.cpu_count() or 1)
     return s
 
 

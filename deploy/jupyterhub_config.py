@@ -30,7 +30,7 @@
 #   COURSE_SERVER_START_S    seconds one server may take to start and answer: every
 #                            spawn timeout (hub_settings.spawn_timeouts; default 120)
 #   COURSE_SPAWNS_AT_ONCE    servers that start together; the others wait in line,
-#                            told so on their spawn page (default: the node's cores)
+#                            told so on their spawn page (default: 4 per core)
 #   COURSE_KERNEL_IDLE_TIMEOUT  seconds before an idle kernel (and its ranks)
 #                            is shut down, tab open or not (default 1800)
 #   COURSE_GPU_POOL, COURSE_GPUS_PER_USER, COURSE_GPU_WHEN_EMPTY: the GPU pool

@@ -120,7 +120,7 @@ def test_the_trial_configuration_is_labelled_culls_and_keeps_secrets_out_of_the_
     leash = [sys.executable, str(ROOT / "deploy" / "service_leash.py"), str(os.getpid()), "--"]
     assert culler["command"][:4] == leash, "it ends with the hub (service_leash.py)"
     assert culler["command"][-3:-1] == ["--timeout=600", "--cull-every=60"]
-    assert culler["command"][-1] == f"--concurrency={max(10, os.cpu_count())}"
+    assert culler["command"][-1] == f"--concurrency={max(10, 4 * os.cpu_count())}"
     assert c.JupyterHub.tornado_settings["slow_stop_timeout"] == 1, "it culls in parallel"
     assert "--MappingKernelManager.cull_idle_timeout=300" in c.Spawner.args
     assert "--MappingKernelManager.cull_connected=True" in c.Spawner.args
