@@ -60,8 +60,9 @@ class HubProcess:
         self.wrapper.write_text(WRAPPER.format(config=str(CONFIG), hub_port=self.hub_port,
                                                api_port=self.api_port, token=self.token))
 
-    def start(self, **overrides):
-        """Start with the base environment plus overrides; wait until the API answers."""
+    def start(self, timeout=60, **overrides):
+        """Start with the base environment plus overrides; wait until the API answers
+        (timeout s: a hub checks every running server before it answers)."""
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("COURSE_")}
         env = {**inherited, **self.env, "COURSE_HUB_URL": self.url.rstrip("/"), **overrides}
         log = open(self.log_path, "a")
@@ -69,7 +70,7 @@ class HubProcess:
                                      cwd=self.folder, env=env, stdout=log,
                                      stderr=subprocess.STDOUT, preexec_fn=default_sigint)
         log.close()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 urllib.request.urlopen(self.url + "hub/api/", timeout=5)

@@ -48,7 +48,7 @@ INTEGERS = {"cpus": "COURSE_CPUS_PER_USER", "processes": "COURSE_PROCESSES_PER_U
 # book's table. Every timeout on a spawn's path is derived from it (spawn_timeouts).
 SERVER_START_S = 120
 # A server's start costs about 4 core-seconds (16 started at once on 2 cores
-# were all ready in 31 s) but lasts about 6 s alone, mostly waiting: 4 starts
+# were all ready within 33 s) but lasts about 6 s alone, mostly waiting: 4 starts
 # per core keep the cores busy, each then lasting about 16 s on an idle node,
 # a seventh of SERVER_START_S (room for a node busy with other work).
 SPAWNS_PER_CORE = 4
