@@ -18,12 +18,18 @@ Unix user, never as root, in a private home, with the GPUs the pool lent it.
   new privileges, and a device fence: ``DevicePolicy=closed`` and
   ``DeviceAllow=`` for the lent GPUs' device files only.
 
+Both admit at most ``spawns_at_once`` starts at a time (`SpawnLine`, shared by
+every server of the hub): the others wait in line, in order of arrival, and
+the student's spawn page says so (``progress``) instead of the spawn failing
+on a timeout because a whole class imports JupyterLab on a few cores at once.
+
 Both save the GPUs they hold in the spawner's state, which the hub keeps in
 its database, and give them back to the pool (`GPUPool.claim`) when a
 restarted hub finds their server still running; both set ``LABSUPPORT_CPUS``
 (the cores labsupport sizes its ranks' threads by) from ``cpu_limit``.
 """
 import asyncio
+import collections
 import os
 import pwd
 import resource
@@ -34,6 +40,7 @@ from pathlib import Path
 import gpu_pool
 import uid_processes
 from jupyterhub.spawner import LocalProcessSpawner
+from jupyterhub.utils import maybe_future
 from systemdspawner import SystemdSpawner
 from traitlets import Any, HasTraits, Integer
 
@@ -89,12 +96,96 @@ def checked_account(name):
     return account
 
 
+class SpawnLine:
+    """At most `size` servers start at once; the others wait, first come first served.
+
+    A place is taken with `enter` (waits while the line is full) and given back
+    with `leave`; `ahead_of` is how many wait in front of one who is waiting
+    (None once they are starting). One event loop, no threads: the hub's.
+    """
+
+    def __init__(self, size):
+        self.size = max(1, size)
+        self.starting, self.waiting = set(), collections.OrderedDict()  # who -> future
+
+    async def enter(self, who):
+        if len(self.starting) < self.size and not self.waiting:
+            self.starting.add(who)
+            return
+        admitted = asyncio.get_running_loop().create_future()
+        self.waiting[who] = admitted
+        try:
+            await admitted
+        except BaseException:  # cancelled in line: out of it, and not starting
+            self.waiting.pop(who, None)
+            self.leave(who)
+            raise
+
+    def leave(self, who):
+        self.starting.discard(who)
+        while self.waiting and len(self.starting) < self.size:
+            first, admitted = self.waiting.popitem(last=False)
+            self.starting.add(first)
+            admitted.set_result(None)
+
+    def ahead_of(self, who):
+        return list(self.waiting).index(who) if who in self.waiting else None
+
+
+QUEUED = ("Queued, number {place} in line. {size} servers start at a time on this node, each "
+          "within {allowance} s. Your server starts by itself when its turn comes: keep this "
+          "page open.")
+
+
 class CourseSpawnerMixin(HasTraits):
-    """What both class spawners add: checks, the GPUs in the state, LABSUPPORT_CPUS."""
+    """What both class spawners add: checks, the line, the GPUs in the state, LABSUPPORT_CPUS."""
 
     gpu_pool = Any(None, help="the GPUPool whose hooks lend this server its GPUs").tag(config=True)
     processes = Integer(4096, help="most processes and threads of one student").tag(config=True)
+    spawns_at_once = Integer(0, help="servers that start at once; the others wait in line "
+                             "(0: no line)").tag(config=True)
     gpu_ids = Any(None)  # set by the pool's pre_spawn_hook
+    lines = {}  # spawns_at_once -> the hub's one SpawnLine (class-wide: every server's)
+
+    @property
+    def line(self):
+        return CourseSpawnerMixin.lines.setdefault(self.spawns_at_once,
+                                                   SpawnLine(self.spawns_at_once))
+
+    async def run_pre_spawn_hook(self):
+        """Wait in line, then the pool's hook. This runs before start(), under none of
+        the spawn timeouts (jupyterhub 6.1.1, User.spawn): waiting is never a failure."""
+        if not self.spawns_at_once:
+            return await maybe_future(super().run_pre_spawn_hook())
+        await self.line.enter(self)
+        try:
+            return await maybe_future(super().run_pre_spawn_hook())
+        except BaseException:
+            self.line.leave(self)
+            raise
+        finally:
+            if self in self.line.starting:
+                asyncio.ensure_future(self._leave_line_when_started())
+
+    async def _leave_line_when_started(self):
+        """The place is held until the spawn ends, ready or failed: the server's
+        import (under http_timeout) is the work the line spreads out."""
+        try:
+            while self._spawn_pending:
+                await asyncio.sleep(0.2)
+        finally:
+            self.line.leave(self)
+
+    async def progress(self):
+        """What the spawn page shows: the student's place in line, then the start."""
+        said = None
+        while (ahead := self.line.ahead_of(self) if self.spawns_at_once else None) is not None:
+            if ahead != said:
+                said = ahead
+                yield {"progress": 10, "message": QUEUED.format(
+                    place=ahead + 1, size=self.line.size, allowance=self.http_timeout)}
+            await asyncio.sleep(0.5)
+        yield {"progress": 50, "message": "Starting your server (JupyterLab is imported)..."}
 
     def get_state(self):
         state = super().get_state()

@@ -14,8 +14,13 @@ after the file they are unchanged and change nothing: tests/test_hub_exposure.py
 files, after the hub's own address is set (``init_hub``) and before any port
 opens (``JupyterHub.start``): the check is made here, on what the proxy will
 really be given, whichever option or file set it. (jupyterhub 6.1.1, ``app.py``.)
+
+Its ``start`` is also where the managed services' tokens of earlier hub starts
+are revoked (service_tokens.py): in ``JupyterHub.start`` it runs after this
+start's tokens are made and before any service starts, with the database open.
 """
 import hub_settings
+import service_tokens
 from jupyterhub.proxy import ConfigurableHTTPProxy
 from traitlets import Unicode
 
@@ -35,3 +40,10 @@ class CourseProxy(ConfigurableHTTPProxy):
                        "included:\n" + "\n".join(f"  - {p}" for p in problems))
             # printed as it is (JupyterHub logs an Exception's traceback)
             raise SystemExit(message)
+
+    async def start(self):
+        """Before any managed service starts: their tokens of earlier starts are revoked."""
+        gone = service_tokens.revoke_stale(self.db, self.app._service_map)
+        if gone:
+            self.log.info("revoked %d token(s) of managed services of an earlier start", gone)
+        return await super().start()

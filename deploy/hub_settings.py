@@ -5,12 +5,16 @@ Two modes (``COURSE_HUB_MODE``):
 
 - ``class`` (default): PAM logins limited to two Unix groups, one Unix user
   per student (class_spawner.py). Needs root (to read passwords and to switch
-  to each student's uid). Refuses to start without an admin, with the
+  to each student's uid). Refuses to start without an admin (or with one
+  named who has no Unix account), with the
   instructors' sources readable by students (notebooks/assignments, or the git
   history, which holds them too: private_sources.py), with a Python students
   cannot run, or on a non-loopback address without TLS.
 - ``trial``: every server runs as the hub's own user; loopback only, never as
   root. For one person trying the labs, or colleagues who trust each other.
+
+Both refuse an idle timeout below its floor (`idle_floor`). `spawn_timeouts`
+is the one place every timeout on a spawn's path comes from.
 
 `read(environ)` gives a `Settings`; `refusals(settings)` lists what is wrong;
 `check(settings)` raises SystemExit with all of it, which JupyterHub reports
@@ -35,7 +39,20 @@ ASSIGNMENTS = private_sources.ASSIGNMENTS  # solutions and hidden tests inside
 NOBODY = 65534  # who tries the course's Python, with the students' group
 INTEGERS = {"cpus": "COURSE_CPUS_PER_USER", "processes": "COURSE_PROCESSES_PER_USER",
             "idle_timeout": "COURSE_IDLE_TIMEOUT",
-            "kernel_idle_timeout": "COURSE_KERNEL_IDLE_TIMEOUT"}
+            "kernel_idle_timeout": "COURSE_KERNEL_IDLE_TIMEOUT",
+            "server_start": "COURSE_SERVER_START_S", "spawns_at_once": "COURSE_SPAWNS_AT_ONCE",
+            "activity_interval": "COURSE_ACTIVITY_INTERVAL"}
+# The allowance the course documents (book/jupyterhub.md, "A whole class at once")
+# for one server's start: jupyter_server and JupyterLab imported and the first
+# HTTP answer given, on a node where at most COURSE_SPAWNS_AT_ONCE servers start
+# together (about a core each). Measured on this project's 2-core machine: the
+# book's table. Every timeout on a spawn's path is derived from it (spawn_timeouts).
+SERVER_START_S = 120
+# A server's start costs about 4 core-seconds (16 started at once on 2 cores
+# were all ready within 33 s) but lasts about 6 s alone, mostly waiting: 4 starts
+# per core keep the cores busy, each then lasting about 16 s on an idle node,
+# a seventh of SERVER_START_S (room for a node busy with other work).
+SPAWNS_PER_CORE = 4
 
 
 @dataclasses.dataclass
@@ -54,6 +71,9 @@ class Settings:
     processes: int = 4096     # per student: RLIMIT_NPROC or systemd's TasksMax
     idle_timeout: int = 3600  # a server with no activity this long is stopped
     kernel_idle_timeout: int = 1800  # an idle kernel (tab open or not) is shut down
+    server_start: int = SERVER_START_S  # s one server may take to start and answer
+    spawns_at_once: int | None = None  # servers starting together; the rest wait in line
+    activity_interval: int = 300  # s between a server's activity reports to the hub
     trial_password: str = ""  # trial: one shared password ("" = any password)
     trial_home: str = ""      # trial: each user's folder, with {username}
     errors: list = dataclasses.field(default_factory=list)  # malformed settings
@@ -87,7 +107,38 @@ def read(environ=None, gpus=(), gpus_per_user=1):
             setattr(s, field, int(text))
     if s.cpus is None and gpus and gpus_per_user:  # a fair share of the cores per server
         s.cpus = max(1, (os.cpu_count() or 1) * gpus_per_user // len(gpus))
+    if s.spawns_at_once is None:
+        s.spawns_at_once = SPAWNS_PER_CORE * (os.cpu_count() or 1)
     return s
+
+
+def spawn_timeouts(s):
+    """Every timeout on a spawn's path, in seconds, from the one allowance s.server_start.
+
+    What each one waits for (jupyterhub 6.1.1, ``User.spawn``; systemdspawner 1.0.2):
+    - ``Spawner.start_timeout`` bounds ``Spawner.start()``: the local spawner's
+      returns once the process is forked; the systemd spawner's once its unit is
+      active (it polls for start_timeout s). No import happens inside it, but a
+      loaded node can delay the fork or the unit: the same allowance.
+    - ``Spawner.http_timeout`` bounds the wait for the server's first HTTP answer,
+      which is the whole import of jupyter_server and JupyterLab: the allowance.
+    - The line (class_spawner.SpawnLine) is waited in before start(), in the
+      pre-spawn hook, under neither timeout: a student in line is never failed by
+      the clock; the line moves as each start in front ends, in at most
+      server_start s, so the wait is at most ceil(ahead / spawns_at_once) of them.
+    - ``JupyterHub.concurrent_spawn_limit`` (HTTP 429, "Too many users trying to
+      log in right now") would fail a student in line: off (0), the line admits.
+    """
+    return {"Spawner.start_timeout": s.server_start, "Spawner.http_timeout": s.server_start,
+            "JupyterHub.concurrent_spawn_limit": 0}
+
+
+def idle_floor(s):
+    """The shortest COURSE_IDLE_TIMEOUT that culls no one still working: a server
+    reports its last activity to the hub every activity_interval s (jupyterhub's
+    singleuser ``hub_activity_interval``), so the hub's view lags by up to that
+    much, and the culler looks every cull_every s (up to that much again)."""
+    return 2 * s.activity_interval
 
 
 def _spawner(choice, errors):
@@ -111,6 +162,13 @@ def is_loopback(url):
 def refusals(s):
     """Everything that must be fixed before this hub may start: a list of sentences."""
     problems = list(s.errors)
+    if not s.errors and s.idle_timeout < idle_floor(s):
+        problems.append(f"COURSE_IDLE_TIMEOUT={s.idle_timeout} is below its floor of "
+                        f"{idle_floor(s)} s (2 x COURSE_ACTIVITY_INTERVAL={s.activity_interval}): "
+                        "a server tells the hub of its activity only every "
+                        "COURSE_ACTIVITY_INTERVAL s, so a shorter timeout stops servers of "
+                        "students who are still working. Raise it, or lower "
+                        "COURSE_ACTIVITY_INTERVAL too")
     if s.mode == "trial":
         return problems + _trial_refusals(s)
     if s.mode == "class":
@@ -172,6 +230,13 @@ def _group_refusals(s):
         except KeyError:
             problems.append(f"the Unix group {name!r} does not exist: create it (groupadd "
                             f"{name}) and add the class's accounts (usermod -aG {name} USER)")
+    for name in s.admin_users:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            problems.append(f"COURSE_ADMIN_USERS names {name!r}, who has no Unix account on "
+                            "this node: PAM cannot log them in, so they cannot act as admin. "
+                            f"Create the account (useradd -m {name}) or remove the name")
     if not problems and not (s.admin_users or group_members(s.instructor_group)):
         problems.append(f"no admin: add an instructor to the group {s.instructor_group!r} or "
                         "name one in COURSE_ADMIN_USERS (an admin stops servers that hold "

@@ -24,7 +24,13 @@
 #   COURSE_MEMORY_PER_USER   memory per server, systemd only (e.g. 64G)
 #   COURSE_PROCESSES_PER_USER  processes and threads per student (default 4096)
 #   COURSE_IDLE_TIMEOUT      seconds without activity before a server is stopped
-#                            and its GPUs go back (default 3600)
+#                            and its GPUs go back (default 3600; at least
+#                            2 x COURSE_ACTIVITY_INTERVAL, hub_settings.idle_floor)
+#   COURSE_ACTIVITY_INTERVAL seconds between a server's activity reports (default 300)
+#   COURSE_SERVER_START_S    seconds one server may take to start and answer: every
+#                            spawn timeout (hub_settings.spawn_timeouts; default 120)
+#   COURSE_SPAWNS_AT_ONCE    servers that start together; the others wait in line,
+#                            told so on their spawn page (default: 4 per core)
 #   COURSE_KERNEL_IDLE_TIMEOUT  seconds before an idle kernel (and its ranks)
 #                            is shut down, tab open or not (default 1800)
 #   COURSE_GPU_POOL, COURSE_GPUS_PER_USER, COURSE_GPU_WHEN_EMPTY: the GPU pool
@@ -38,6 +44,7 @@ sys.path.insert(0, str(HERE))
 import course_proxy  # noqa: E402  (deploy/, beside this file)
 import gpu_pool  # noqa: E402
 import hub_settings  # noqa: E402
+import service_leash  # noqa: E402
 
 c = get_config()  # noqa: F821  (provided by JupyterHub when it reads this file)
 POOL = gpu_pool.from_environment()
@@ -67,10 +74,18 @@ def common(c, s):
     c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
     c.Spawner.default_url = "/lab"
     c.Spawner.env_keep = ["PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL"]
-    c.Spawner.start_timeout = 120  # a busy node imports jupyter slowly
+    spawn_path(c, s)
     c.Spawner.args = kernel_culling(s.kernel_idle_timeout)
+    c.Spawner.environment = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(s.activity_interval)}
     c.Spawner.pre_spawn_hook, c.Spawner.post_stop_hook = POOL.hooks()
     idle_culler(c, s)
+
+
+def spawn_path(c, s):
+    """Every timeout a spawn meets, from hub_settings.spawn_timeouts (one place)."""
+    for name, seconds in hub_settings.spawn_timeouts(s).items():
+        section, trait = name.split(".")
+        setattr(c[section], trait, seconds)
 
 
 def kernel_culling(timeout):
@@ -84,12 +99,23 @@ def kernel_culling(timeout):
 
 
 def idle_culler(c, s):
-    """jupyterhub-idle-culler, a hub service: stops servers idle for idle_timeout s."""
+    """jupyterhub-idle-culler, a hub service: stops servers idle for idle_timeout s.
+    It runs on a leash (service_leash.py): it ends when this hub process ends, even
+    by SIGKILL, so a restarted hub never finds a second one; and its token dies
+    with it (course_proxy.py revokes every token of a managed service but the one
+    this start made)."""
     every = max(1, min(300, s.idle_timeout // 10))
     c.JupyterHub.services = [{
         "name": "idle-culler", "cwd": str(s.state_dir),
-        "command": [sys.executable, "-m", "jupyterhub_idle_culler",
-                    f"--timeout={s.idle_timeout}", f"--cull-every={every}"]}]
+        "command": service_leash.command(
+            [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={s.idle_timeout}",
+             f"--cull-every={every}", f"--concurrency={max(10, s.spawns_at_once)}"])}]
+    # jupyterhub-idle-culler 2.0.0 awaits one user after another (cull_idle: `for
+    # name, f in futures: await f`; --concurrency bounds only requests in flight),
+    # and the hub answers each DELETE only when the stop ends or after
+    # slow_stop_timeout (10 s by default): idle servers were stopped one at a time.
+    # Answered 202 ("stopping") after 1 s, the culler goes on while the stops run.
+    c.JupyterHub.tornado_settings = {"slow_stop_timeout": 1}
     c.JupyterHub.load_roles = [{
         "name": "idle-culler", "services": ["idle-culler"],
         "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]}]
@@ -112,6 +138,7 @@ def class_mode(c, s):
     c.JupyterHub.spawner_class = spawner
     getattr(c, spawner.__name__).gpu_pool = POOL
     getattr(c, spawner.__name__).processes = s.processes
+    getattr(c, spawner.__name__).spawns_at_once = s.spawns_at_once
     if s.cpus:
         c.Spawner.cpu_limit = float(s.cpus)
     if s.memory:

@@ -50,6 +50,12 @@ def test_the_ring_benchmark_needs_two_ranks():
     assert out.returncode != 0 and "include 2" in out.stderr
 
 
+def test_the_hub_benchmark_refuses_an_empty_class():
+    """Its full run needs root and creates Unix users (numbers in book/jupyterhub.md)."""
+    out = _bench("hub", "--students", "0", timeout=60)
+    assert out.returncode == 2 and "--students and --restarts must be at least 1" in out.stderr
+
+
 def test_an_unknown_benchmark_lists_the_known_ones():
     out = _bench("nosuch", timeout=60)
     assert out.returncode != 0 and "launcher" in out.stderr and "pipeline" in out.stderr

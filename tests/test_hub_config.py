@@ -14,9 +14,11 @@ import pwd
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 from jupyterhub import orm
 from traitlets.config.loader import PyFileConfigLoader
@@ -29,6 +31,7 @@ import gpu_pool  # noqa: E402
 import hub_settings  # noqa: E402
 import private_sources  # noqa: E402
 import sandbox_kernel  # noqa: E402
+import service_tokens  # noqa: E402
 import systemdspawner.systemd as systemd  # noqa: E402
 import uid_processes  # noqa: E402
 
@@ -114,7 +117,11 @@ def test_the_trial_configuration_is_labelled_culls_and_keeps_secrets_out_of_the_
     assert c.JupyterHub.proxy_class is course_proxy.CourseProxy
     assert c.CourseProxy.course_mode == "trial"
     culler, = c.JupyterHub.services
-    assert culler["command"][-2:] == ["--timeout=600", "--cull-every=60"]
+    leash = [sys.executable, str(ROOT / "deploy" / "service_leash.py"), str(os.getpid()), "--"]
+    assert culler["command"][:4] == leash, "it ends with the hub (service_leash.py)"
+    assert culler["command"][-3:-1] == ["--timeout=600", "--cull-every=60"]
+    assert culler["command"][-1] == f"--concurrency={max(10, 4 * os.cpu_count())}"
+    assert c.JupyterHub.tornado_settings["slow_stop_timeout"] == 1, "it culls in parallel"
     assert "--MappingKernelManager.cull_idle_timeout=300" in c.Spawner.args
     assert "--MappingKernelManager.cull_connected=True" in c.Spawner.args
     assert not any("allow-root" in a for a in c.Spawner.args)
@@ -258,3 +265,188 @@ def test_the_grading_sandbox_never_runs_student_code_as_root():
     args = sandbox_kernel.parse(["--user", "x", "--job", "/j", "--memory", "1", "--processes",
                                  "2", "--cpu-seconds", "3", "--", "/c.json", "--Foo.bar=1"])
     assert (args.connection_file, args.kernel_args) == ("/c.json", ["--Foo.bar=1"])
+
+
+# --- a whole class at once: the spawn path's timeouts, the line, the services ---------
+
+def documented_allowance():
+    """The seconds the course documents for one server's start (book/jupyterhub.md)."""
+    import re
+    text = (ROOT / "book" / "jupyterhub.md").read_text()
+    found = re.findall(r"each server is given \*\*(\d+) s\*\* to start", text)
+    assert len(found) == 1, "book/jupyterhub.md states the allowance once"
+    return int(found[0])
+
+
+def loaded_hub(monkeypatch, tmp_path, **environ):
+    """A JupyterHub app with the class configuration loaded as `jupyterhub -f` loads
+    it (JupyterHub.load_config_file); the refusals, tested above, are left out."""
+    from jupyterhub.app import JupyterHub
+    monkeypatch.setattr(hub_settings, "refusals", lambda s: [])
+    for name in [k for k in os.environ if k.startswith("COURSE_")]:
+        monkeypatch.delenv(name)
+    for name, value in {"COURSE_HUB_STATE": str(tmp_path / "s"), "COURSE_GPU_POOL": "0,1",
+                        **environ}.items():
+        monkeypatch.setenv(name, value)
+    app = JupyterHub()
+    app.load_config_file(str(ROOT / "deploy" / "jupyterhub_config.py"))
+    return app
+
+
+def short_timeouts(app, documented):
+    """Every spawn-path timeout shorter than documented, as the spawner the hub
+    would build sees it (class config resolved), and a throttle that fails spawns."""
+    spawner = app.config.JupyterHub.spawner_class(config=app.config,
+                                                  user=SimpleNamespace(name="ann", id=1))
+    short = [f"{spawner.__class__.__name__}.{name}={getattr(spawner, name)}"
+             for name in ("http_timeout", "start_timeout") if getattr(spawner, name) < documented]
+    if app.concurrent_spawn_limit:
+        short.append(f"JupyterHub.concurrent_spawn_limit={app.concurrent_spawn_limit} (429)")
+    return short
+
+
+@pytest.mark.parametrize("spawner", ["local", "systemd"])
+def test_no_spawn_timeout_is_shorter_than_the_course_documents(monkeypatch, tmp_path, spawner):
+    """jupyterhub 6.1.1 waits Spawner.start_timeout for start() (systemdspawner
+    1.0.2 polls its unit that long), then Spawner.http_timeout for the server's
+    first answer, which is the local spawner's whole import: its default of 30 s
+    failed 13 of 14 spawns of a class on 2 cores. Both come from one place."""
+    documented = documented_allowance()
+    app = loaded_hub(monkeypatch, tmp_path, COURSE_SPAWNER=spawner)
+    assert app.config.JupyterHub.spawner_class.__name__.lower() == f"class{spawner}spawner"
+    assert short_timeouts(app, documented) == []
+    assert app.config[app.config.JupyterHub.spawner_class.__name__].spawns_at_once >= 1
+    app = loaded_hub(monkeypatch, tmp_path, COURSE_SPAWNER=spawner, COURSE_SERVER_START_S="30")
+    assert short_timeouts(app, documented) == [
+        f"Class{spawner.capitalize()}Spawner.http_timeout=30",
+        f"Class{spawner.capitalize()}Spawner.start_timeout=30"], "the check can fail"
+
+
+def test_kubernetes_spawn_timeouts_are_not_shorter_than_the_course_documents():
+    import yaml
+    values = yaml.safe_load((ROOT / "deploy" / "z2jh-values.yaml").read_text())
+    documented = documented_allowance()
+    assert values["hub"]["config"]["KubeSpawner"]["http_timeout"] >= documented
+    assert values["singleuser"]["startTimeout"] >= documented  # KubeSpawner.start_timeout
+    assert values["hub"]["config"]["JupyterHub"]["concurrent_spawn_limit"] == 0
+
+
+def spawner_of(name, spawns_at_once, hook=None):
+    spawner = class_spawner.ClassLocalSpawner(user=SimpleNamespace(name=name, id=hash(name)),
+                                              spawns_at_once=spawns_at_once,
+                                              pre_spawn_hook=hook)
+    spawner._spawn_pending = True  # as the hub sets it before the pre-spawn hook
+    return spawner
+
+
+async def next_message(spawner):
+    async for event in spawner.progress():
+        return event["message"]
+
+
+def test_spawns_beyond_the_line_wait_in_order_and_are_told_so(monkeypatch):
+    monkeypatch.setattr(class_spawner.CourseSpawnerMixin, "lines", {})
+
+    async def scenario():
+        ann, bob, cem = (spawner_of(n, 1) for n in ("ann", "bob", "cem"))
+        await asyncio.wait_for(ann.run_pre_spawn_hook(), 5)  # admitted at once
+        waiting = [asyncio.ensure_future(s.run_pre_spawn_hook()) for s in (bob, cem)]
+        await asyncio.sleep(0.1)
+        assert not any(w.done() for w in waiting)
+        assert (await next_message(bob)).startswith("Queued, number 1 in line. 1 servers")
+        assert (await next_message(cem)).startswith("Queued, number 2 in line")
+        assert "keep this page open" in await next_message(cem)
+        ann._spawn_pending = False  # ann's server answered: bob's turn, then cem's
+        await asyncio.wait_for(waiting[0], 5)
+        assert not waiting[1].done() and ann.line.ahead_of(cem) == 0
+        assert (await next_message(bob)).startswith("Starting your server")
+        bob._spawn_pending = False  # a failed spawn ends the same way
+        await asyncio.wait_for(waiting[1], 5)
+        cem._spawn_pending = False
+        await asyncio.sleep(0.5)
+        assert ann.line.starting == set() and not ann.line.waiting
+    asyncio.run(scenario())
+
+
+def test_a_refused_spawn_gives_its_place_in_line_back(monkeypatch):
+    monkeypatch.setattr(class_spawner.CourseSpawnerMixin, "lines", {})
+
+    def no_gpu(spawner):
+        raise RuntimeError("No GPU free")
+
+    async def scenario():
+        ann = spawner_of("ann", 1, hook=no_gpu)
+        with pytest.raises(RuntimeError, match="No GPU free"):
+            await ann.run_pre_spawn_hook()
+        bob = spawner_of("bob", 1)
+        await asyncio.wait_for(bob.run_pre_spawn_hook(), 5)  # no wait: ann left the line
+        assert bob.line.starting == {bob}
+        waiting = asyncio.ensure_future(spawner_of("cem", 1).run_pre_spawn_hook())
+        await asyncio.sleep(0.1)
+        waiting.cancel()  # a spawn abandoned in line leaves it
+        await asyncio.sleep(0.1)
+        assert not bob.line.waiting and bob.line.starting == {bob}
+    asyncio.run(scenario())
+
+
+def test_an_admin_without_a_unix_account_is_no_admin(monkeypatch, tmp_path):
+    groups = {"students": SimpleNamespace(gr_gid=4242, gr_mem=["ann"]),
+              "teachers": SimpleNamespace(gr_gid=4243, gr_mem=[])}
+    monkeypatch.setattr(hub_settings.grp, "getgrnam", lambda name: groups[name])
+    accounts = {"ian": SimpleNamespace(pw_name="ian")}
+
+    def getpwnam(name):
+        return accounts[name]
+    monkeypatch.setattr(hub_settings.pwd, "getpwnam", getpwnam)
+    environ = {"COURSE_STUDENT_GROUP": "students", "COURSE_INSTRUCTOR_GROUP": "teachers",
+               "COURSE_HUB_STATE": str(tmp_path)}
+    said = refusals(monkeypatch, COURSE_ADMIN_USERS="ian,typo-ian", **environ)
+    assert "COURSE_ADMIN_USERS names 'typo-ian', who has no Unix account" in said
+    assert "'ian'" not in said
+    assert "no Unix account" not in refusals(monkeypatch, COURSE_ADMIN_USERS="ian", **environ)
+
+
+def test_the_idle_timeout_has_a_floor_of_two_activity_reports(monkeypatch, tmp_path):
+    trial = {"COURSE_HUB_MODE": "trial", "COURSE_HUB_STATE": str(tmp_path),
+             "COURSE_HUB_URL": "http://127.0.0.1:8000"}
+    said = refusals(monkeypatch, euid=1000, COURSE_IDLE_TIMEOUT="300", **trial)
+    assert "COURSE_IDLE_TIMEOUT=300 is below its floor of 600 s" in said
+    assert refusals(monkeypatch, euid=1000, COURSE_IDLE_TIMEOUT="600", **trial) == ""
+    assert refusals(monkeypatch, euid=1000, COURSE_IDLE_TIMEOUT="120",
+                    COURSE_ACTIVITY_INTERVAL="60", **trial) == ""
+
+
+def test_a_leashed_service_ends_when_its_hub_is_killed(tmp_path):
+    """The hub's stand-in starts a leashed sleep, then is SIGKILLed: the sleep ends."""
+    import service_leash
+    hub = subprocess.Popen([sys.executable, "-c", (
+        f"import subprocess, sys, time\nsys.path.insert(0, {str(ROOT / 'deploy')!r})\n"
+        "import service_leash\n"
+        "p = subprocess.Popen(service_leash.command(['sleep', '600']))\n"
+        "print(p.pid, flush=True)\ntime.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    service = psutil.Process(int(hub.stdout.readline()))
+    deadline = time.monotonic() + 30
+    while "sleep" not in service.cmdline()[:1] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the leash execs the service: same pid
+    assert service.cmdline() == ["sleep", "600"]
+    hub.kill()
+    hub.wait()
+    _, left = psutil.wait_procs([service], timeout=30)
+    assert not left, "the service outlived its hub"
+    late = subprocess.run(service_leash.command(["sleep", "600"], hub_pid=1), capture_output=True,
+                          text=True, timeout=60)  # its parent is not pid 1: the hub is gone
+    assert late.returncode != 0 and "is gone; not starting sleep" in late.stderr
+
+
+def test_only_a_managed_services_current_token_is_kept():
+    db = orm.new_session_factory("sqlite://")()
+    culler, other = orm.Service(name="idle-culler"), orm.Service(name="course-test")
+    db.add_all([culler, other, orm.OAuthClient(identifier="jupyterhub")])  # tokens' client
+    db.commit()
+    old, current = culler.new_api_token(), culler.new_api_token()
+    kept = other.new_api_token()
+    services = {"idle-culler": SimpleNamespace(managed=True, orm=culler, api_token=current),
+                "course-test": SimpleNamespace(managed=False, orm=other, api_token=kept)}
+    assert service_tokens.revoke_stale(db, services) == 1
+    assert orm.APIToken.find(db, old) is None
+    assert orm.APIToken.find(db, current) is not None and orm.APIToken.find(db, kept) is not None

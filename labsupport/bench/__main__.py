@@ -18,6 +18,8 @@
                                               #   composition, MFU, resume
     python -m labsupport.bench debug          # chapter 12: the fault zoo named, DETAIL's and
                                               #   the Flight Recorder's cost
+    python -m labsupport.bench hub            # a class logging in at once to the course's hub
+                                              #   (root)
     python -m labsupport.bench <name> --help
 """
 import importlib
@@ -39,6 +41,7 @@ BENCHMARKS = {
     "capstone": "labsupport.capstone.bench",
     "debug": "labsupport.debugging.bench",
     "overlap": "labsupport.bench.overlap",
+    "hub": "labsupport.bench.hub",
 }
 
 

@@ -2,7 +2,7 @@
 free loopback ports, log in through its login form like a browser, call its
 REST API and a user's server, and run code in a kernel over its websocket.
 
-Used by tests/test_jupyterhub.py.
+Used by tests/test_jupyterhub.py and the hub's load benchmark (labsupport/bench/hub.py).
 """
 import asyncio
 import json
@@ -60,8 +60,9 @@ class HubProcess:
         self.wrapper.write_text(WRAPPER.format(config=str(CONFIG), hub_port=self.hub_port,
                                                api_port=self.api_port, token=self.token))
 
-    def start(self, **overrides):
-        """Start with the base environment plus overrides; wait until the API answers."""
+    def start(self, timeout=60, **overrides):
+        """Start with the base environment plus overrides; wait until the API answers
+        (timeout s: a hub checks every running server before it answers)."""
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("COURSE_")}
         env = {**inherited, **self.env, "COURSE_HUB_URL": self.url.rstrip("/"), **overrides}
         log = open(self.log_path, "a")
@@ -69,7 +70,7 @@ class HubProcess:
                                      cwd=self.folder, env=env, stdout=log,
                                      stderr=subprocess.STDOUT, preexec_fn=default_sigint)
         log.close()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 urllib.request.urlopen(self.url + "hub/api/", timeout=5)
@@ -103,8 +104,35 @@ class HubProcess:
             proc.kill()
         assert not left, f"the hub left {names} running"
 
+    def crash(self):
+        """SIGKILL, as the OOM killer would: none of the hub's cleanup runs. Its
+        own children as they were (proxy, services), for the caller to follow."""
+        try:
+            own = [p for p in psutil.Process(self.proc.pid).children() if p.uids().real == 0]
+        except psutil.Error:
+            own = []
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+        return own
+
     def log(self):
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+def cullers(state_dir):
+    """The idle cullers running for the hub whose state is state_dir (their cwd)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        if (any("jupyterhub_idle_culler" in a for a in proc.info["cmdline"] or ())
+                and proc.info["cwd"] == str(state_dir)):
+            found.append(proc)
+    return found
+
+
+def token_in_environment(proc):
+    """The hub API token a service process was given (root reads /proc/PID/environ)."""
+    return proc.environ().get("JUPYTERHUB_API_TOKEN")
 
 
 def default_sigint():

@@ -1,4 +1,5 @@
-"""A temporary class on this machine for the hub tests: Unix groups and users
+"""A temporary class on this machine for the hub tests (tests/test_jupyterhub.py)
+and the hub's load benchmark (python -m labsupport.bench hub): Unix groups and users
 with names no other run uses, their homes under a fresh folder of /home, the
 course's Python made reachable for them; all of it removed afterwards.
 
@@ -27,8 +28,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # the repository
 sys.path.insert(0, str(ROOT / "deploy"))
+import private_sources  # noqa: E402
 import uid_processes  # noqa: E402
 
 ACL_XATTR = "system.posix_acl_access"
@@ -57,9 +59,9 @@ class TemporaryClass:
         self.students_group = f"{self.prefix}-students"
         self.instructors_group = f"{self.prefix}-instructors"
         self.python_group = f"{self.prefix}-python"  # all but the outsider: the interpreter
-        self.accounts, self.groups, self._acl_dirs = {}, [], []
+        self.accounts, self.groups, self._acl_dirs, self._modes = {}, [], [], {}
 
-    def create(self, students, instructors, outsiders, sandbox):
+    def create(self, students, instructors, outsiders=(), sandbox=None):
         """Each role: a list of short names (alice ...). The sandbox is a system user."""
         self.base.mkdir(mode=0o755)
         os.chmod(self.base, 0o755)
@@ -71,7 +73,8 @@ class TemporaryClass:
                              + [(i, self.instructors_group) for i in instructors]
                              + [(o, None) for o in outsiders]):
             self._add_person(short, group)
-        self._add_sandbox(sandbox)
+        if sandbox:
+            self._add_sandbox(sandbox)
 
     def _add_person(self, short, group):
         name, password = self.prefix + short, secrets.token_urlsafe(12)
@@ -102,9 +105,19 @@ class TemporaryClass:
                 write_acl(folder, entries + [(ACL_GROUP, 1, gid) for gid in sorted(gids)])
                 self._acl_dirs.append((folder, gids))
 
+    def close_sources(self):
+        """What the one-node guide closes, and the class hub refuses to start without:
+        the instructors' assignments and the git history (it holds them too),
+        go-rwx until remove() puts their modes back."""
+        for path in [private_sources.ASSIGNMENTS, *private_sources.git_folders()]:
+            self._modes.setdefault(path, stat.S_IMODE(path.stat().st_mode))
+            os.chmod(path, self._modes[path] & ~0o077)
+
     def remove(self):
         """Everything this run created, in an order that works after any failure."""
         problems = []
+        for path, mode in self._modes.items():
+            os.chmod(path, mode)
         for account in self.accounts.values():
             try:
                 uid_processes.end_all(account.uid)
