@@ -413,6 +413,10 @@ HOST_CLOCKS = {
                                       "a wait for the device",
     "capstone.run.Progress.__call__": "the same",
     "capstone.run.worker": "the same, over the whole run, after train's closing barrier",
+    "debugging.gather.run_fault": "the seconds from a fault's start to its named report, "
+                                  "a wall-clock span by definition (the launcher's deadline)",
+    "debugging.zoo._busy": "a straggler's pause spent computing on the host (a fault, not a "
+                           "measurement)",
 }
 
 
