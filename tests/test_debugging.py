@@ -214,3 +214,15 @@ def test_a_hang_with_the_recorder_off_is_reported_without_its_lines():
     assert all(entries == [] for entries in art["flight_recorder"].values())
     assert "stopped here" in str(error)
     ls.shutdown()
+
+
+def test_the_first_replica_difference_is_the_earliest_over_every_group():
+    # group [1, 3, 5] parts at step 2 though it is listed second; [0, 2, 4] at step 3
+    art = {"replica_groups": [[0, 2, 4], [1, 3, 5]],
+           "replica_checksums": {"0": [1, 1, 1, 9], "2": [1, 1, 1, 1], "4": [1, 1, 1, 1],
+                                 "1": [2, 2, 2, 2], "3": [2, 2, 7, 7], "5": [2, 2, 2, 2]}}
+    assert gather.first_replica_difference(art) == (2, [3])
+    art["replica_checksums"]["3"] = [2, 2, 2, 2]
+    assert gather.first_replica_difference(art) == (3, [0])
+    art["replica_checksums"]["0"] = [1, 1, 1, 1]
+    assert gather.first_replica_difference(art) == (None, [])

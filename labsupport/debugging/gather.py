@@ -176,18 +176,25 @@ def _by_text(expect, art, pattern, error):
 
 def first_replica_difference(art, tol=1e-9):
     """(first step whose replicas' checksums differ, the ranks that differ from the rest of
-    their replica group) or (None, [])."""
+    their replica group) or (None, []). The earliest step over every replica group: a group
+    listed later may have parted first."""
     sums = art.get("replica_checksums", {})
-    for group in art.get("replica_groups", []):
-        steps = min(len(sums[str(r)]) for r in group)
-        for k in range(steps):
-            values = {r: sums[str(r)][k] for r in group}
+    groups = art.get("replica_groups", [])
+    steps = max((min(len(sums[str(r)]) for r in group) for group in groups), default=0)
+    for k in range(steps):
+        odd = []
+        for group in groups:
+            if k >= min(len(sums[str(r)]) for r in group):
+                continue
+            values = {r: round(sums[str(r)][k] / tol) for r in group}
             counts = {}
             for v in values.values():
-                counts[round(v / tol)] = counts.get(round(v / tol), 0) + 1
+                counts[v] = counts.get(v, 0) + 1
             if len(counts) > 1:
                 common = max(counts, key=counts.get)
-                return k, sorted(r for r, v in values.items() if round(v / tol) != common)
+                odd += [r for r, v in values.items() if v != common]
+        if odd:
+            return k, sorted(odd)
     return None, []
 
 
