@@ -24,6 +24,9 @@
 - ``evaluate``: validation loss in bits per byte, text sampled with a seed;
 - ``flops``: FLOPs per token both ways, measured and theoretical peaks, MFU;
 - ``breakdown``: where a step's time goes, from its recorded timeline;
+- ``grid``: the picture of a layout's ranks, coloured by group, a panel per kind;
+- ``build_checks``: the your-turn checks of notebooks/11_building_the_composition.ipynb
+  (the reader's process groups, the reader's stage cut);
 - ``checks``: the your-turn checks of notebooks/11_capstone.ipynb; ``bench``:
   ``python -m labsupport.bench capstone``.
 

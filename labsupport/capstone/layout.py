@@ -96,11 +96,18 @@ def make_groups(layout: Layout) -> dict:
                          "start that many")
     key = (layout, id(dist.group.WORLD))
     if key not in _CACHE:
-        rank, mine, ranks = dist.get_rank(), {}, {}
-        for name, groups in layout_groups(layout).items():
-            for g in groups:
-                group = dist.new_group(g)
-                if rank in g:
-                    mine[name], ranks[name] = group, g
-        _CACHE[key] = dict(mine, ranks=ranks)
+        _CACHE[key] = new_groups(layout_groups(layout))
     return _CACHE[key]
+
+
+def new_groups(named: dict) -> dict:
+    """This rank's process group of each name of ``named`` ({name: every group
+    of that name, as lists of ranks}), plus "ranks": the ranks of each. Every
+    rank must call it with the same lists: ``dist.new_group`` is collective."""
+    rank, mine, ranks = dist.get_rank(), {}, {}
+    for name, groups in named.items():
+        for g in groups:
+            group = dist.new_group(list(g))
+            if rank in g:
+                mine[name], ranks[name] = group, list(g)
+    return dict(mine, ranks=ranks)

@@ -277,21 +277,24 @@ def _copies(module) -> dict:
 
 def train(layout, steps, config=None, *, sync=sync_gradients, record_grads=(),
           return_params=False, warmup=1, checkpoint_every=0, checkpoint_dir=None,
-          resume=None, on_step=None, record_timeline=False, **fields):
+          resume=None, on_step=None, record_timeline=False, groups_of=make_groups,
+          stage_class=Stage, **fields):
     """Train the seeded decoder ``steps`` steps on ``layout`` = (dp, tp, pp, cp), on every
     rank of its world: ``config`` (a ``TrainConfig``) with ``fields`` replaced by name;
     ``sync``: the gradient synchronisation (a broken one, for the parity procedure);
     ``record_timeline``: the last step's spans and calls; checkpoints (DCP) every
     ``checkpoint_every`` steps; ``resume``: one of any layout (``steps`` counts from 0);
-    ``on_step(step, loss)`` after each step. Returns, on each rank, ``run_steps``'s record,
-    its coordinates, shards, loader state, timeline, and parameters if asked; with
+    ``on_step(step, loss)`` after each step; ``groups_of``, ``stage_class``: ``build``'s
+    (the reader's groups or stage cut in Capstone I). Returns, on each rank, ``run_steps``'s
+    record, its coordinates, shards, loader state, timeline, and parameters if asked; with
     ``clip_norm``, each step's gradient norm before clipping (``grad_norms``)."""
     cfg, layout = TrainConfig.of(config, **fields), Layout(*layout)
     if steps < 1:
         raise ValueError(f"train needs steps >= 1, got {steps}")
     gpt_cfg = cfg.gpt_config()
     validate(gpt_cfg, layout, cfg.seq_len, cfg.sequence_parallel)
-    stage, groups, coords = build(layout, gpt_cfg, cfg.seed, cfg.sequence_parallel, cfg.dtype)
+    stage, groups, coords = build(layout, gpt_cfg, cfg.seed, cfg.sequence_parallel, cfg.dtype,
+                                  stage_class=stage_class, groups_of=groups_of)
     with _default_dtype(cfg.dtype):      # the pipeline lesson's receive buffers take it
         opt = cfg.make_optimizer(list(stage.parameters()))
         loader = cfg.loader(layout, coords)
