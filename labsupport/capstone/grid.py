@@ -18,6 +18,8 @@ from labsupport import plots
 from labsupport.capstone.layout import AXES, Layout, layout_groups
 
 KINDS = (*AXES, "dp_cp")        # one panel each, in the mesh's order
+# past the palette's 8 colours, the next 8 groups take the next marker shape
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star")
 
 
 def position(layout: Layout, rank) -> tuple:
@@ -31,31 +33,36 @@ def _ticks(outer, inner) -> list:
     return [f"{o},{i}" for o in range(outer) for i in range(inner)]
 
 
-def grid_figure(layout, kinds=KINDS, height=360):
-    """One panel per group kind of ``layout``: every rank, a colour per group."""
+def grid_figure(layout, kinds=KINDS, height=None):
+    """One panel per group kind of ``layout``: every rank, a colour per group
+    (``height``: pixels; by default room for the picture's dp·pp rows)."""
     layout = Layout(*layout)
+    height = height or 200 + 45 * layout.dp * layout.pp
     groups = layout_groups(layout)
     fig = make_subplots(rows=1, cols=len(kinds), horizontal_spacing=0.03,
-                        subplot_titles=[f"{k}: {len(groups[k])} groups of "
-                                        f"{len(groups[k][0])}" for k in kinds])
+                        subplot_titles=[f"{k} ({len(groups[k])} × {len(groups[k][0])})"
+                                        for k in kinds])
     for col, kind in enumerate(kinds, start=1):
         for j, ranks in enumerate(groups[kind]):
             xy = [position(layout, r) for r in ranks]
-            colour = plots.PALETTE[j % len(plots.PALETTE)]
+            # no line: a group's ranks need not be neighbours in the picture
+            colour, shape = divmod(j, len(plots.PALETTE))[::-1]
             fig.add_scatter(
-                x=[p[0] for p in xy], y=[p[1] for p in xy], mode="lines+markers+text",
+                x=[p[0] for p in xy], y=[p[1] for p in xy], mode="markers+text",
                 text=[str(r) for r in ranks], textposition="top center",
                 hovertext=[_hover(layout, r, kind, ranks) for r in ranks],
-                hoverinfo="text", marker=dict(size=14, color=colour),
-                line=dict(color=colour, width=3), showlegend=False,
-                name=f"{kind} group {ranks}", row=1, col=col)
+                hoverinfo="text", showlegend=False, name=f"{kind} group {ranks}",
+                marker=dict(size=16, color=plots.PALETTE[colour],
+                            symbol=SYMBOLS[shape % len(SYMBOLS)]),
+                row=1, col=col)
         fig.update_xaxes(tickvals=list(range(layout.cp * layout.tp)),
                          ticktext=_ticks(layout.cp, layout.tp), showgrid=False,
                          title_text="cp,tp" if col == 1 else None, row=1, col=col,
                          range=[-0.6, layout.cp * layout.tp - 0.4])
         fig.update_yaxes(tickvals=list(range(layout.dp * layout.pp)),
                          ticktext=_ticks(layout.dp, layout.pp), showgrid=False,
-                         autorange="reversed", showticklabels=col == 1,
+                         range=[layout.dp * layout.pp - 0.5, -0.9],  # down; room for text
+                         showticklabels=col == 1,
                          title_text="dp,pp" if col == 1 else None, row=1, col=col)
     fig.update_layout(title=f"The {layout.world_size} ranks of Layout(dp={layout.dp}, "
                             f"tp={layout.tp}, pp={layout.pp}, cp={layout.cp}), "
