@@ -1,4 +1,4 @@
-# Run: .venv/bin/python -m pytest tests/test_capstone_build.py -p no:xdist   (~2 min)
+# Run: .venv/bin/python -m pytest tests/test_capstone_build.py   (~1 min)
 """Capstone I's your-turn checks and its grid figure (labsupport.capstone.build_checks, grid).
 
 Each check passes the reference answer (written here, as the chapter's
