@@ -218,11 +218,16 @@ def one_process(steps=PARITY_STEPS):
     return _REFERENCE[steps]
 
 
-def _assert_parity(layout, outs, what):
-    """``compare.first_difference`` of ``outs`` against one process: equal, or its report."""
+def against_one_process(layout, outs) -> compare.Report:
+    """``compare.first_difference`` of a run's ``outs`` (gradients recorded at
+    every step) against ``one_process()``."""
     ref = one_process()
     one = [dict(losses=ref["losses"], layout=(1, 1, 1, 1))]
-    report = compare.first_difference(one, outs, layout, ref=ref)
+    return compare.first_difference(one, outs, layout, ref=ref)
+
+
+def _assert_parity(layout, outs, what):
+    report = against_one_process(layout, outs)
     assert report.equal, f"on {name_of(layout)}, {what}, not one process:\n{report}"
 
 
@@ -415,8 +420,9 @@ def check_cut_structure(cut, layouts=STAGE_LAYOUTS):
         found = session.run(_cut_on_rank, cut, tuple(lay), cfg, PARITY["batch"],
                             PARITY["seq_len"], world_size=math.prod(lay), backend="gloo")
         bad = [(r, f) for r, f in enumerate(found) if f]
+        more = len(bad) - 1
         assert not bad, (f"cut on {name_of(lay)}, {where(lay, bad[0][0])}: {bad[0][1]}"
-                         + (f" ({len(bad) - 1} other ranks wrong too)" if len(bad) > 1
+                         + (f" ({more} other rank{'s' * (more > 1)} wrong too)" if more
                             else ""))
 
 
@@ -460,11 +466,17 @@ def _train_with_cut(cut, layout, steps, **fields):
                          record_grads=tuple(range(steps)))
 
 
+def train_on_cut(cut, layout) -> list:
+    """``PARITY_STEPS`` steps of the checks' decoder on ``cut``'s stages, rows and
+    positions, with no structural check first: every rank's ``train`` record."""
+    return session.run(_train_with_cut, cut, tuple(layout), PARITY_STEPS,
+                       world_size=math.prod(layout), backend="gloo", **PARITY)
+
+
 def check_stage_cut(cut, layouts=STAGE_LAYOUTS):
     """Structure on every rank first, then training on the reader's cut against one
     process, on each of ``layouts``."""
     for lay in layouts:     # one layout at a time: its ranks start once
         check_cut_structure(cut, [lay])
-        _assert_parity(lay, session.run(
-            _train_with_cut, cut, tuple(lay), PARITY_STEPS, world_size=math.prod(lay),
-            backend="gloo", **PARITY), "trained on cut's stages, rows and positions")
+        _assert_parity(lay, train_on_cut(cut, lay),
+                       "trained on cut's stages, rows and positions")
