@@ -173,6 +173,17 @@ def test_parity_fails_on_a_run_that_is_not_one_process():
         build_checks._assert_parity(lay, outs, "a broken sync")
 
 
+def test_a_head_cut_over_another_group_is_named_by_its_shard():
+    def head_over_cp(gpt, layout, coords, groups, batch, seq_len):
+        piece = cut(gpt, layout, coords, groups, batch, seq_len)
+        piece["lm_head"] = ColumnParallelLinear(gpt.lm_head, groups["cp"])
+        return piece
+    with pytest.raises(AssertionError, match=r"rank 1 \(dp=0, tp=1, pp=0, cp=0\): "
+                                             r"lm_head.weight holds tp shard 0 of 2 on tp "
+                                             r"rank 1, should hold shard 1"):
+        build_checks.check_cut_structure(head_over_cp, [(1, 2, 1, 2)])
+
+
 # --- the grid -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("layout", [(2, 2, 2, 2), (3, 1, 2, 4)])
@@ -191,3 +202,4 @@ def test_grid_draws_every_rank_once_per_panel(layout):
     groups = layout_groups(lay)
     assert len(fig.data) == sum(len(groups[k]) for k in grid.KINDS)
     assert fig.layout.title.text.startswith(f"The {lay.world_size} ranks of {lay!r}")
+
