@@ -47,6 +47,7 @@ from labsupport import calls, models, timing
 from labsupport.capstone import checkpoint as capckpt
 from labsupport.capstone import clip as capclip
 from labsupport.capstone import data as capdata
+from labsupport.capstone import zero as capzero
 from labsupport.capstone.layout import Layout, make_groups
 from labsupport.capstone.model import Stage, run_config, validate
 from labsupport.data_parallel.ddp import bucket_params
@@ -138,7 +139,8 @@ class TrainConfig:
     callable(params) -> Optimizer. ``text``: the training bytes (default: the
     Bible's training split). ``clip_norm``: clip the global gradient norm to it
     before each optimizer step (``torch.nn.utils.clip_grad_norm_``'s max_norm;
-    None, the default: no clipping).
+    None, the default: no clipping). ``zero``: 0 (default) plain data parallelism;
+    1 or 2, ZeRO-1 or ZeRO-2 over the dp × cp ranks (``capstone.zero``).
     """
     # the model
     model: dict | models.GPTConfig | None = None
@@ -155,6 +157,7 @@ class TrainConfig:
     optimizer: str | Callable = "adamw"
     lr: float = 3e-3
     clip_norm: float | None = None
+    zero: int = 0
 
     @classmethod
     def of(cls, config=None, **fields):
@@ -293,15 +296,22 @@ def train(layout, steps, config=None, *, sync=sync_gradients, record_grads=(),
     validate(gpt_cfg, layout, cfg.seq_len, cfg.sequence_parallel)
     stage, groups, coords = build(layout, gpt_cfg, cfg.seed, cfg.sequence_parallel, cfg.dtype)
     with _default_dtype(cfg.dtype):      # the pipeline lesson's receive buffers take it
-        opt = cfg.make_optimizer(list(stage.parameters()))
+        norms = []                       # each step's gradient norm before clipping
+        if cfg.zero:                     # ZeRO-1/2 over dp x cp: its own sync and step
+            capzero.check(cfg.zero, sync is not sync_gradients, record_grads,
+                          checkpoint_every or resume)
+            opt = capzero.ShardedOptimizer(stage, groups, cfg.make_optimizer, cfg.zero)
+            sync = (opt.sync if cfg.clip_norm is None else
+                    capzero.clipped_sync(opt, cfg.clip_norm, norms))
+        else:
+            opt = cfg.make_optimizer(list(stage.parameters()))
         loader = cfg.loader(layout, coords)
         meta = capckpt.run_meta(gpt_cfg, layout, loader.state_dict(), cfg.optimizer, cfg.dtype)
         first = capckpt.resume(resume, stage, opt, loader, meta, steps)
         if checkpoint_every and not checkpoint_dir:
             raise ValueError("checkpoint_every needs a checkpoint_dir")
         timeline = {} if record_timeline else None
-        norms = []                       # each step's gradient norm before clipping
-        if cfg.clip_norm is not None:
+        if cfg.clip_norm is not None and not cfg.zero:
             sync = capclip.clipped(sync, cfg.clip_norm, norms)
 
         def one_step(k, ids, targets):
