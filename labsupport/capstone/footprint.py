@@ -1,4 +1,4 @@
-"""Memory per rank of the composed trainer: measured from real tensors, beside chapter 0's formulas.
+"""Memory per rank of the composed trainer, measured from real tensors, beside the formulas.
 
     rows = ls.run(footprint.measure, (2, 2, 2, 2), world_size=16)   # one dict per rank
     rows = ls.run(footprint.measure, (2, 1, 2, 1), zero=2, world_size=4)

@@ -1,4 +1,4 @@
-"""ZeRO-1 and ZeRO-2 inside the composed trainer: optimizer state (and gradients) sharded over dp × cp.
+"""ZeRO-1 and ZeRO-2 in the composed trainer: optimizer state (and gradients) over dp × cp.
 
     train(layout, steps, zero=1)      # AdamW's moments: 1/(dp·cp) of the stage's on each rank
     train(layout, steps, zero=2)      # and the gradients kept between steps: 1/(dp·cp)
