@@ -120,7 +120,7 @@ class ShardedOptimizer:
             flat = torch.cat([g.flatten() for g in grads] + [pad])
         mine = flat.new_empty(self.shard_numel)
         if self.n > 1:
-            dist.reduce_scatter_single(mine, flat, group=self.group)     # the sum
+            dist.reduce_scatter_single(mine, flat, group=self.group)   # the sum
             mine /= self.n
         else:
             mine.copy_(flat)
@@ -154,7 +154,7 @@ class ShardedOptimizer:
         self.optimizer.step()
         if self.n > 1:
             dist.all_gather_single(self.data, self.shard.detach().clone(),
-                                        group=self.group)
+                                   group=self.group)
 
 
 def clipped_sync(opt, max_norm, norms):
