@@ -48,6 +48,7 @@ claim true). For cp the attention is the course's hand ring attention
 local tensors that the TP styles hand it, each cp rank holding a contiguous
 slice of the sequence, its position embedding offset to its slice.
 """
+import logging
 import math
 import statistics
 import traceback
@@ -198,8 +199,16 @@ def _loss(logits, targets):
 def full_grads(stage) -> dict:
     """{name: the whole gradient} of this rank's stage: each DTensor gradient
     (FSDP's shard over dp_cp, TP's over tp) gathered (collective over its mesh)."""
-    return {name: (p.grad.full_tensor() if isinstance(p.grad, DTensor)
-                   else p.grad).clone() for name, p in stage.named_parameters()}
+    # A gradient sharded over dp_cp and tp gathers in two all-gathers, and DTensor
+    # logs a warning per rank saying so (with a time stamp): a record, not a fault.
+    log = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return {name: (p.grad.full_tensor() if isinstance(p.grad, DTensor)
+                       else p.grad).clone() for name, p in stage.named_parameters()}
+    finally:
+        log.setLevel(level)
 
 
 def step(schedule, stage, opt, batch, layout, meshes, dtype=torch.float32,
