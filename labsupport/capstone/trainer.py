@@ -30,7 +30,9 @@ One step on every rank (``step``):
 4. the optimizer steps each rank's own shards (AdamW and SGD act elementwise,
    so sharded steps equal the whole one); with ``clip_norm`` (off by
    default), the global gradient norm is clipped first, as one process's
-   ``clip_grad_norm_`` clips it (``capstone.clip``).
+   ``clip_grad_norm_`` clips it (``capstone.clip``). With ``zero=1`` or ``2``
+   the sync reduce-scatters over dp × cp instead and the optimizer steps this
+   rank's shard, then all-gathers the weights (``capstone.zero``).
 
 With the same global batch, every layout computes the loss and the gradients
 of one process up to the order of floating-point sums (tests/test_capstone.py).
