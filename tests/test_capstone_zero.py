@@ -44,6 +44,7 @@ def _max_rel(got, want):
     ((2, 1, 2, 2), 1, MAX_NORM),      # dp·cp = 4 with pp (3 blocks on 2 stages)
     ((1, 1, 3, 2), 2, None),          # pp = 3 with cp
     ((3, 1, 2, 1), 1, None),          # dp = 3 with pp
+    ((3, 2, 2, 1), 2, MAX_NORM),      # dp = 3 with tp and pp at once, clipped
 ], ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
 def test_zero_trains_as_one_process(layout, zero, clip, reference):
     ref = reference[clip]
