@@ -114,19 +114,22 @@ def test_the_capstone_benchmark_ends_with_its_line():
     out = _bench("capstone", "--layouts", "2,1,1,1", "--steps", "1", "--speed-layout",
                  "2", "1", "1", "1", "--speed-steps", "3", "--repeats", "1", "--hidden",
                  "32", "--layers", "2", "--batch", "8", "--seq-len", "32",
-                 "--micro-batches", "2", "--clip-layouts", "1,1,3,1")
+                 "--micro-batches", "2", "--clip-layouts", "1,1,3,1",
+                 "--memory-layouts", "2,1,1,1")
     assert out.returncode == 0, out.stderr[-2000:]
     num = r"\d+\.\d+(e[-+]\d+)?"
     last = out.stdout.strip().splitlines()[-1]
     assert re.fullmatch(rf"capstone_step0_rel_diff={num} capstone_curve_rel_diff={num} "
                         rf"capstone_step_ratio_vs_native={num} "
                         rf"capstone_mfu_measured_peak={num} capstone_resume_equal=1 "
-                        rf"capstone_clip_rel_diff={num}",
+                        rf"capstone_clip_rel_diff={num} capstone_memory_vs_formula={num}",
                         last), out.stdout[-2000:]
     step0 = float(re.search(rf"capstone_step0_rel_diff=({num})", last).group(1))
     assert step0 <= 1e-6, last
     clip_rel = float(re.search(rf"capstone_clip_rel_diff=({num})", last).group(1))
     assert clip_rel <= 1e-12, last                     # float64: rounding only
+    memory = float(re.search(rf"capstone_memory_vs_formula=({num})", last).group(1))
+    assert 0.95 <= memory <= 1.05, last
 
 
 def test_the_debug_benchmark_ends_with_its_line():

@@ -115,3 +115,25 @@ def test_step_time_ratio_reports_both_trainers_speeds():
     assert r["ratio"] == pytest.approx(r["native_tokens_per_s"]
                                       / r["hand_tokens_per_s"])
     assert r["hand_tokens_per_s"] > 0 and r["native_tokens_per_s"] > 0
+
+
+def _calls_both(layout, steps):
+    """On every rank: the collectives of the last step, hand ZeRO-2 and FSDP2."""
+    hand = trainer.train(layout, steps, zero=2, record_timeline=True)
+    nat = native.train(layout, steps, record_calls=True)
+    return (native.collectives(hand["timeline"]["calls"]), native.collectives(nat["calls"]),
+            hand["losses"], nat["losses"], nat["parts"]["fsdp_units"])
+
+
+def test_hand_zero2_and_fsdp2_move_the_same_bytes_per_step():
+    layout = (2, 1, 2, 1)           # dp and pp only: every collective goes through dist
+    outs = ls.run(_calls_both, layout, 2, world_size=4, backend="gloo")
+    for hand, nat, hand_losses, nat_losses, units in outs:
+        assert _rel(nat_losses, hand_losses) <= LOSS_RTOL
+        # one all-gather and one reduce-scatter of the stage a step on both sides:
+        # one flat buffer by hand, one per FSDP2 unit (blocks and the rest)
+        assert hand["all_gather_single"][0] == hand["reduce_scatter_single"][0] == 1
+        assert nat["all_gather_single"][0] == nat["reduce_scatter_single"][0] == units
+        for op in ("all_gather_single", "reduce_scatter_single"):
+            assert nat[op][1] <= hand[op][1] <= nat[op][1] + 4 * 2 * units   # padding
+        assert hand.get("all_reduce", (0, 0))[1] <= 4    # the loss's mean, no gradient

@@ -402,3 +402,24 @@ def test_the_logits_and_the_head_can_leave_only_the_last_stage_out_of_memory():
             + rows[1]["activations"])
     assert even < rows[0]["total"] < 16e9 < fullest["total"]
     assert layout not in [r["layout"] for r in planner.plan(job, 64, H100, 16e9)]
+
+
+def test_a_memory_budget_removes_the_layouts_that_do_not_fit_before_ranking():
+    budget = 40e9                                # half an H100's 80 GB
+    kept = planner.plan(JOB, 64, H100, budget)
+    removed = planner.over_budget(JOB, 64, budget)
+    runnable = [lay for lay in planner.layouts(64) if not planner.problem(JOB, lay)]
+    assert removed and kept                      # the budget decides something
+    assert {r["layout"] for r in kept} | {lay for lay, _ in removed} == set(runnable)
+    assert not {r["layout"] for r in kept} & {lay for lay, _ in removed}
+    for lay, memory in removed:                  # each over the budget by the formula
+        assert memory == planner.device_memory(JOB, lay) and memory["total"] > budget
+    assert [m["total"] for _, m in removed] == sorted((m["total"] for _, m in removed),
+                                                      reverse=True)
+    # plain dp holds all 7B's states on every device: 16 bytes x 7e9 = 112 GB
+    assert removed[0][0] == Layout(64, 1, 1, 1)
+    assert removed[0][1]["params"] + removed[0][1]["grads"] + removed[0][1]["optimizer"] \
+        == pytest.approx(16 * M.psi)
+    assert planner.over_budget(JOB, 64, 1e15) == []       # everything fits a huge device
+    with pytest.raises(ValueError, match="device_bytes"):
+        planner.over_budget(JOB, 64, 0)

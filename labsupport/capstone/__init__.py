@@ -18,6 +18,11 @@
   raises on a CPU);
 - ``clip``: gradient-norm clipping across the 4-D mesh, equal to one process's
   ``clip_grad_norm_`` (``train(..., clip_norm=)``), and the classic wrong norms;
+- ``zero``: ZeRO-1 and ZeRO-2 over the dp x cp ranks (``train(..., zero=1)``):
+  the optimizer steps this rank's shard, gradients reduce-scattered,
+  parameters all-gathered;
+- ``footprint``: memory per rank (parameters, gradients, optimizer state,
+  peak activations) measured on the ranks beside chapter 0's formulas;
 - ``checkpoint``: the training state saved with DCP at one layout and loaded at
   another (``train(checkpoint_every=, checkpoint_dir=, resume=)``);
 - ``run``: ``train`` as a torchrun script (``python -m labsupport.capstone.run``);

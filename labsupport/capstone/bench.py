@@ -4,17 +4,19 @@
                                         [--speed-steps 6] [--repeats 3] [--no-16]
                                         [--layouts 2,1,1,1 ...] [--hidden 64 ...]
                                         [--clip-layouts 3,1,1,1 ...]
+                                        [--memory-layouts 2,2,2,2 ...]
 
 On the capstone's decoder and the Bible's bytes (``labsupport.capstone``):
 
 - parity: every layout of the chapter, (1,1,1,1) ... (2,2,2,1) and the 4-D
   (2,2,2,2) on 16 ranks, against one process (``compare.parity_table``):
   the step-0 loss's relative difference and the curve's over ``--steps``;
-- speed: the hand-composed trainer (``trainer.train``, the lessons' code) and
-  PyTorch's composition (``native.train``: FSDP2, DTensor TP + SP,
-  ``Schedule1F1B``) on the same layout, sizes and global batch, tokens/s
-  over the steps after warm-up; their step ratio (hand / PyTorch: below 1,
-  the hand-composed step is faster);
+- speed: the hand-composed trainer with ZeRO-2 over dp x cp (``trainer.train(...,
+  zero=2)``, the lessons' code) and PyTorch's composition (``native.train``:
+  FSDP2 without resharding after forward, the same algorithm, DTensor TP + SP,
+  ``Schedule1F1B``) on the same layout, sizes and global batch, run
+  alternately, tokens/s over the steps after warm-up (medians); their step
+  ratio (hand / PyTorch: below 1, the hand-composed step is faster);
 - MFU of the hand-composed run against this machine's measured float32
   matmul peak on all its cores (``capstone.flops``: 6N + 12·L·h·s FLOPs
   per token; per machine, since the ranks share its cores);
@@ -23,13 +25,18 @@ On the capstone's decoder and the Bible's bytes (``labsupport.capstone``):
 - clipping: the trainer's ``clip_norm`` (``capstone.clip``) in float64 at
   layouts with a degree 3, against one process's ``clip_grad_norm_``: the
   largest relative difference of the pre-clip norms, the clipped gradients of
-  every step and the loss curve.
+  every step and the loss curve;
+- memory: on every rank of ``MEMORY_LAYOUTS`` (plain and ZeRO-2), the bytes of
+  parameters, gradients, optimizer state and peak saved activations counted
+  after one step (``capstone.footprint``) over chapter 0's formulas: the
+  rank's total over the formula's, the worst (farthest from 1) of all ranks.
 
 The last line is machine-readable: ``capstone_step0_rel_diff=<max over
 layouts> capstone_curve_rel_diff=<max over layouts and steps>
 capstone_step_ratio_vs_native=<x> capstone_mfu_measured_peak=<y>
-capstone_resume_equal=<0|1> capstone_clip_rel_diff=<max>``. Goals: step 0
-<= 1e-6, curve <= 1e-4, step ratio <= 1.0, resume 1, clip <= 1e-6. Timings
+capstone_resume_equal=<0|1> capstone_clip_rel_diff=<max>
+capstone_memory_vs_formula=<worst ratio>``. Goals: step 0 <= 1e-6, curve <=
+1e-4, step ratio <= 1.0, resume 1, clip <= 1e-6, memory 0.95 to 1.05. Timings
 are this machine's, under its load.
 """
 import argparse
@@ -128,6 +135,34 @@ def clip(args) -> float:
     return worst
 
 
+MEMORY_LAYOUTS = [(2, 2, 2, 2), (3, 1, 2, 1), (1, 3, 3, 1)]
+MEMORY_RUN = {k: v for k, v in CLIP_RUN.items() if k != "clip_norm"}
+
+
+def memory(args) -> float:
+    """Bytes per rank measured over the formulas (``footprint.table``), plain and
+    with ZeRO-2 where dp·cp > 1: the rank total's ratio farthest from 1."""
+    from labsupport.capstone import footprint
+    from labsupport.launch import session
+    layouts = [tuple(x) for x in args.memory_layouts] if args.memory_layouts else \
+        MEMORY_LAYOUTS
+    worst = 1.0
+    for layout in layouts:
+        for zero in (0, 2) if layout[0] * layout[3] > 1 else (0,):
+            rows = session.run(footprint.measure, layout, zero=zero, backend="gloo",
+                               world_size=math.prod(layout), **MEMORY_RUN)
+            table = footprint.table(rows, layout, zero=zero, **MEMORY_RUN)
+            totals = [sum(r[k] for k in footprint.KEYS) / sum(r["formula"].values())
+                      for r in table]
+            states = [r["ratio"][k] for r in table for k in footprint.STATES]
+            acts = [r["ratio"]["activations"] for r in table]
+            worst = max([worst] + totals, key=lambda x: abs(x - 1))
+            print(f"memory {layout} zero={zero}: measured / formula per rank: total "
+                  f"{min(totals):.3f} to {max(totals):.3f}, states {min(states):.3f} to "
+                  f"{max(states):.3f}, peak activations {min(acts):.3f} to {max(acts):.3f}")
+    return worst
+
+
 def _layout(text):
     parts = tuple(int(x) for x in text.split(","))
     if len(parts) != 4 or min(parts) < 1:
@@ -144,6 +179,8 @@ def main(argv):
                         help="parity on these layouts only (default: the chapter's)")
     parser.add_argument("--clip-layouts", type=_layout, nargs="+", metavar="DP,TP,PP,CP",
                         help="clipping parity on these layouts (default: CLIP_LAYOUTS)")
+    parser.add_argument("--memory-layouts", type=_layout, nargs="+", metavar="DP,TP,PP,CP",
+                        help="memory per rank on these layouts (default: MEMORY_LAYOUTS)")
     parser.add_argument("--speed-layout", type=int, nargs=4, default=[2, 2, 2, 1],
                         metavar=("DP", "TP", "PP", "CP"))
     parser.add_argument("--speed-steps", type=int, default=6)
@@ -160,9 +197,11 @@ def main(argv):
     value = mfu(tps["hand_tokens_per_s"], args)
     equal = resume(args)
     clip_rel = clip(args)
+    mem = memory(args)
     print(f"capstone_step0_rel_diff={max(r['step0_rel'] for r in rows):.3e} "
           f"capstone_curve_rel_diff={max(r['curve_rel'] for r in rows):.3e} "
           f"capstone_step_ratio_vs_native={tps['ratio']:.3f} "
           f"capstone_mfu_measured_peak={value:.4f} "
           f"capstone_resume_equal={int(equal)} "
-          f"capstone_clip_rel_diff={clip_rel:.3e}")
+          f"capstone_clip_rel_diff={clip_rel:.3e} "
+          f"capstone_memory_vs_formula={mem:.4f}")

@@ -42,22 +42,26 @@ WRONG = {
 }
 
 
-def counted_grads(stage, groups, replicas_once=True) -> list:
-    """The gradients this rank adds to the global sum of squares: all of its own,
-    less the copies another rank of its tp x pp slice counts (``replicas_once``)."""
+def counted_params(stage, groups, replicas_once=True) -> list:
+    """The parameters whose squares this rank adds to the global sum: all of its
+    own, less the copies another rank of its tp x pp slice counts (``replicas_once``)."""
     tp_rank = dist.get_rank(groups["tp"])
     tied = getattr(stage, "shared_embedding_or_output_weight", lambda: None)()
     shards = stage.shards()
     out = []
     for name, p in stage.named_parameters():
-        if p.grad is None:
-            continue
         if replicas_once and shards[name] is None and tp_rank > 0:
             continue                 # replicated over tp: tp rank 0 counts it
         if replicas_once and p is tied and not stage.first:
             continue                 # the tied weight's other copy: the first stage's
-        out.append(p.grad)
+        out.append(p)
     return out
+
+
+def counted_grads(stage, groups, replicas_once=True) -> list:
+    """The gradients of ``counted_params`` (those that exist)."""
+    return [p.grad for p in counted_params(stage, groups, replicas_once)
+            if p.grad is not None]
 
 
 def grad_norm(stage, groups, over=SUMMED_OVER, replicas_once=True) -> torch.Tensor:

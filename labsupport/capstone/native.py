@@ -25,9 +25,13 @@ a CPU under gloo in torch 2.13:
   to sequence shards, and the position embedding is a replicated DTensor of
   which each rank adds its sequence shard;
 - FSDP2 ``fully_shard`` over "dp_cp", one unit per block and one for the
-  rest of the stage (torchtitan's wrapping; no resharding after forward when
-  pipelined, as torchtitan does), its reduce-scatter averaging the gradients
-  over the dp x cp ranks;
+  rest of the stage (torchtitan's wrapping), its reduce-scatter averaging the
+  gradients over the dp x cp ranks, with ``reshard_after_forward=False``
+  (torchtitan's choice when pipelined): each unit's parameters are
+  all-gathered once per step and kept through backward, so a step is one
+  all-gather and one reduce-scatter per unit and AdamW on the shards, the
+  algorithm of the hand-composed trainer's ZeRO-2 (``train(..., zero=2)``,
+  ``capstone.zero``), which ``step_time_ratio`` times against it;
 - ``torch.distributed.pipelining``: a ``PipelineStage`` per pp rank (the
   embeddings on the first stage, the final LayerNorm and the LM head on the
   last, contiguous runs of blocks: ``capstone.model.stage_blocks``) and
@@ -44,6 +48,7 @@ claim true). For cp the attention is the course's hand ring attention
 local tensors that the TP styles hand it, each cp rank holding a contiguous
 slice of the sequence, its position embedding offset to its slice.
 """
+import logging
 import math
 import statistics
 import traceback
@@ -65,7 +70,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from labsupport import models
+from labsupport import calls, models
 from labsupport.capstone import trainer
 from labsupport.capstone.layout import AXES, Layout
 from labsupport.capstone.model import stage_blocks, validate
@@ -180,10 +185,9 @@ def build(layout, cfg, seed=0, sequence_parallel=True, dtype=torch.float32):
     if layout.tp > 1:
         tensor_parallel(stage, mesh["tp"], sequence_parallel)
     if layout.dp * layout.cp > 1:
-        reshard = layout.pp == 1      # torchtitan: no resharding between micro-batches
-        for block in stage.blocks.values():
-            fully_shard(block, mesh=dp_cp, reshard_after_forward=reshard)
-        fully_shard(stage, mesh=dp_cp, reshard_after_forward=reshard)
+        for block in stage.blocks.values():    # ZeRO-2: gathered once a step
+            fully_shard(block, mesh=dp_cp, reshard_after_forward=False)
+        fully_shard(stage, mesh=dp_cp, reshard_after_forward=False)
     return stage, dict(mesh=mesh, dp_cp=dp_cp), coords
 
 
@@ -195,8 +199,16 @@ def _loss(logits, targets):
 def full_grads(stage) -> dict:
     """{name: the whole gradient} of this rank's stage: each DTensor gradient
     (FSDP's shard over dp_cp, TP's over tp) gathered (collective over its mesh)."""
-    return {name: (p.grad.full_tensor() if isinstance(p.grad, DTensor)
-                   else p.grad).clone() for name, p in stage.named_parameters()}
+    # A gradient sharded over dp_cp and tp gathers in two all-gathers, and DTensor
+    # logs a warning per rank saying so (with a time stamp): a record, not a fault.
+    log = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return {name: (p.grad.full_tensor() if isinstance(p.grad, DTensor)
+                       else p.grad).clone() for name, p in stage.named_parameters()}
+    finally:
+        log.setLevel(level)
 
 
 def step(schedule, stage, opt, batch, layout, meshes, dtype=torch.float32,
@@ -231,7 +243,8 @@ def step(schedule, stage, opt, batch, layout, meshes, dtype=torch.float32,
     return loss
 
 
-def train(layout, steps, config=None, *, record_grads=(), warmup=1, **fields):
+def train(layout, steps, config=None, *, record_grads=(), warmup=1, record_calls=False,
+          **fields):
     """Train the seeded decoder for ``steps`` steps on ``layout`` = (dp, tp, pp, cp)
     with PyTorch's pieces; ``config`` and ``fields`` as ``trainer.train``'s (its
     ``TrainConfig``), the loop its ``run_steps``.
@@ -241,11 +254,15 @@ def train(layout, steps, config=None, *, record_grads=(), warmup=1, **fields):
     ``trainer.train`` times them), the layout, its rank and coordinates, the
     gradients of the steps in ``record_grads``, whole (``shards``: None for
     each), so that ``compare.parity`` reads the result as ``trainer.train``'s,
-    and ``parts``, what the stage is made of.
+    and ``parts``, what the stage is made of; with ``record_calls``, ``calls``:
+    the last step's calls to torch.distributed (``labsupport.calls``).
     """
     cfg, layout = trainer.TrainConfig.of(config, **fields), Layout(*layout)
     if steps < 1:
         raise ValueError(f"train needs steps >= 1, got {steps}")
+    if cfg.zero:
+        raise ValueError("native.train shards with FSDP2 (ZeRO-2's algorithm, module "
+                         "docstring); zero= is trainer.train's option: leave it 0 here")
     if cfg.clip_norm is not None:
         raise ValueError("native.train does not clip gradients: clip_norm is "
                          "trainer.train's option (capstone.clip); leave it None here")
@@ -260,11 +277,16 @@ def train(layout, steps, config=None, *, record_grads=(), warmup=1, **fields):
                          group=meshes["mesh"].get_group("pp"))
     schedule = Schedule1F1B(pipe, cfg.micro_batches, loss_fn=_loss)
     opt = cfg.make_optimizer(list(stage.parameters()))
-    grads = {}
+    grads, log = {}, None
 
     def one_step(k, ids, targets):
+        nonlocal log
         # whole gradients are gathered (collectives) inside the step, before the optimizer
         record = grads.setdefault(k, {}) if k in record_grads else None
+        if record_calls and k == steps - 1:
+            with calls.record() as log:
+                return step(schedule, stage, opt, (ids, targets), layout, meshes,
+                            cfg.dtype, record)
         return step(schedule, stage, opt, (ids, targets), layout, meshes, cfg.dtype, record)
 
     with warnings.catch_warnings():
@@ -277,7 +299,7 @@ def train(layout, steps, config=None, *, record_grads=(), warmup=1, **fields):
     return dict(losses=out["losses"], tokens_per_s=out["tokens_per_s"],
                 layout=tuple(layout), rank=dist.get_rank(), coords=tuple(coords),
                 grads=grads, shards={n: None for n, _ in stage.named_parameters()},
-                parts=parts(stage, schedule))
+                parts=parts(stage, schedule), calls=None if log is None else log.calls)
 
 
 def parts(stage, schedule) -> dict:
@@ -313,19 +335,34 @@ def context_parallel_error(device="cpu") -> str | None:
     return None
 
 
-def step_time_ratio(layout, steps=12, repeats=3, **train_kw) -> dict:
+def step_time_ratio(layout, steps=12, repeats=3, hand_zero=2, **train_kw) -> dict:
     """The hand-composed trainer's step time over native's on ``layout``, from
     here (``ls.run``): the two run alternately ``repeats`` times each (the
     machine's load drifts), each timed as ``train`` times itself; returns the
     median tokens/s of each and ``ratio`` = hand step / native step (< 1: the
-    hand-composed trainer is faster)."""
+    hand-composed trainer is faster). Like for like: the hand-composed run
+    with ZeRO-``hand_zero`` (default 2, FSDP2's algorithm here; 0: all-reduce
+    data parallelism, not the same algorithm)."""
     layout = tuple(Layout(*layout))
     runs = {"hand": [], "native": []}
     for _ in range(repeats):
         for name, fn in (("hand", trainer.train), ("native", train)):
+            kw = dict(train_kw, zero=hand_zero) if name == "hand" else train_kw
             outs = session.run(fn, layout, steps, world_size=math.prod(layout),
-                               backend="gloo", **train_kw)
+                               backend="gloo", **kw)
             runs[name].append(outs[0]["tokens_per_s"])
     hand, nat = (statistics.median(runs[k]) for k in ("hand", "native"))
     return dict(layout=layout, hand_tokens_per_s=hand, native_tokens_per_s=nat,
                 ratio=nat / hand, runs=runs)
+
+
+def collectives(log_calls) -> dict:
+    """{op: (calls, payload bytes)} of the collectives in ``log_calls`` (a
+    ``labsupport.calls`` record) on groups of more than one rank: what a step
+    moves between ranks (a call on a one-rank group moves nothing)."""
+    out = {}
+    for c in log_calls:
+        if c["kind"] == "collective" and len(c["ranks"]) > 1:
+            n, b = out.get(c["op"], (0, 0))
+            out[c["op"]] = (n + 1, b + c["nbytes"])
+    return dict(sorted(out.items()))

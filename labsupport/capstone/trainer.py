@@ -30,7 +30,9 @@ One step on every rank (``step``):
 4. the optimizer steps each rank's own shards (AdamW and SGD act elementwise,
    so sharded steps equal the whole one); with ``clip_norm`` (off by
    default), the global gradient norm is clipped first, as one process's
-   ``clip_grad_norm_`` clips it (``capstone.clip``).
+   ``clip_grad_norm_`` clips it (``capstone.clip``). With ``zero=1`` or ``2``
+   the sync reduce-scatters over dp × cp instead and the optimizer steps this
+   rank's shard, then all-gathers the weights (``capstone.zero``).
 
 With the same global batch, every layout computes the loss and the gradients
 of one process up to the order of floating-point sums (tests/test_capstone.py).
@@ -47,6 +49,7 @@ from labsupport import calls, models, timing
 from labsupport.capstone import checkpoint as capckpt
 from labsupport.capstone import clip as capclip
 from labsupport.capstone import data as capdata
+from labsupport.capstone import zero as capzero
 from labsupport.capstone.layout import Layout, make_groups
 from labsupport.capstone.model import Stage, run_config, validate
 from labsupport.data_parallel.ddp import bucket_params
@@ -138,7 +141,8 @@ class TrainConfig:
     callable(params) -> Optimizer. ``text``: the training bytes (default: the
     Bible's training split). ``clip_norm``: clip the global gradient norm to it
     before each optimizer step (``torch.nn.utils.clip_grad_norm_``'s max_norm;
-    None, the default: no clipping).
+    None, the default: no clipping). ``zero``: 0 (default) plain data parallelism;
+    1 or 2, ZeRO-1 or ZeRO-2 over the dp × cp ranks (``capstone.zero``).
     """
     # the model
     model: dict | models.GPTConfig | None = None
@@ -155,6 +159,7 @@ class TrainConfig:
     optimizer: str | Callable = "adamw"
     lr: float = 3e-3
     clip_norm: float | None = None
+    zero: int = 0
 
     @classmethod
     def of(cls, config=None, **fields):
@@ -296,15 +301,22 @@ def train(layout, steps, config=None, *, sync=sync_gradients, record_grads=(),
     stage, groups, coords = build(layout, gpt_cfg, cfg.seed, cfg.sequence_parallel, cfg.dtype,
                                   stage_class=stage_class, groups_of=groups_of)
     with _default_dtype(cfg.dtype):      # the pipeline lesson's receive buffers take it
-        opt = cfg.make_optimizer(list(stage.parameters()))
+        norms = []                       # each step's gradient norm before clipping
+        if cfg.zero:                     # ZeRO-1/2 over dp x cp: its own sync and step
+            capzero.check(cfg.zero, sync is not sync_gradients, record_grads,
+                          checkpoint_every or resume)
+            opt = capzero.ShardedOptimizer(stage, groups, cfg.make_optimizer, cfg.zero)
+            sync = (opt.sync if cfg.clip_norm is None else
+                    capzero.clipped_sync(opt, cfg.clip_norm, norms))
+        else:
+            opt = cfg.make_optimizer(list(stage.parameters()))
         loader = cfg.loader(layout, coords)
         meta = capckpt.run_meta(gpt_cfg, layout, loader.state_dict(), cfg.optimizer, cfg.dtype)
         first = capckpt.resume(resume, stage, opt, loader, meta, steps)
         if checkpoint_every and not checkpoint_dir:
             raise ValueError("checkpoint_every needs a checkpoint_dir")
         timeline = {} if record_timeline else None
-        norms = []                       # each step's gradient norm before clipping
-        if cfg.clip_norm is not None:
+        if cfg.clip_norm is not None and not cfg.zero:
             sync = capclip.clipped(sync, cfg.clip_norm, norms)
 
         def one_step(k, ids, targets):

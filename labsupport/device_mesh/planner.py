@@ -444,6 +444,18 @@ def step_time(job, layout, hw, overlapped=OVERLAPPED, alpha=0.0, dp_buckets=1) -
                 slowest=k)
 
 
+def over_budget(job, devices, device_bytes) -> list:
+    """The layouts that could run ``job`` on ``devices`` but do not fit in
+    ``device_bytes`` per device, the ones ``plan`` removes before ranking by
+    step time: [(layout, device_memory)], the largest first."""
+    if devices < 1 or device_bytes <= 0:
+        raise ValueError(f"devices={devices} and device_bytes={device_bytes} must be > 0")
+    rows = [(layout, device_memory(job, layout)) for layout in layouts(devices, job.experts)
+            if not problem(job, layout)]
+    return sorted([(lay, mem) for lay, mem in rows if mem["total"] > device_bytes],
+                  key=lambda r: -r[1]["total"])
+
+
 def plan(job, devices, hw, device_bytes, overlapped=OVERLAPPED, alpha=0.0,
          dp_buckets=1) -> list:
     """Every layout that runs ``job`` on ``devices`` and fits in ``device_bytes``,
