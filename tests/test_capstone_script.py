@@ -1,4 +1,4 @@
-# Run: PYTHONPATH=$PWD .venv/bin/python -m pytest tests/test_capstone_script.py (~40 s)
+# Run: PYTHONPATH=$PWD .venv/bin/python -m pytest tests/test_capstone_script.py (~80 s)
 """The capstone as a script under torchrun (``python -m labsupport.capstone.run``).
 
 Four ranks train at dp, tp, pp, cp = 2, 1, 2, 1 for 4 steps, saving every 2;
@@ -6,7 +6,9 @@ four ranks resume from the newest checkpoint at 1, 2, 2, 1 up to step 6. The
 log holds the command, the machine, a progress line per step (loss, bits per
 byte, tokens/s, MFU, ETA) and the saves, and its losses are one process's
 (``trainer.reference``) within the parity tolerance. Arguments that cannot
-work stop every rank with one message, before any process group is made.
+work stop every rank with one message, before any process group is made. The
+recorded long run the chapter reads back is this script's: its first command,
+re-run for 10 steps, prints the loss its log printed at step 10.
 """
 import os
 import re
