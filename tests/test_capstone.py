@@ -8,8 +8,11 @@ gradient of every parameter at step 0 within GRAD_TOL of the parameter's
 largest entry (``compare.grad_differences``), and the loss curve within 1e-4;
 in float64 the same differences shrink to rounding (<= 1e-12), so what is
 left in fp32 is the order of the sums. Then the parity procedure names the
-broken gradient synchronisations. The suite's strict point-to-point mode
-(root conftest) holds every message to NCCL's rules.
+broken gradient synchronisations. Layouts with degrees 3 and 4 (where no two
+groups have one size by accident) hold the same parity, and each rank's share of
+the FLOPs (``flops.rank_flops``, the your-turn's answer) is what torch's FLOP
+counter counts on its stage. The suite's strict point-to-point mode (root
+conftest) holds every message to NCCL's rules.
 """
 import math
 import sys
