@@ -242,13 +242,15 @@ def decoder_flops(tokens, seq, layers, hidden, vocab, ffn=None, backward=True,
     backward, 3x the forward (Kaplan et al. 2020, arXiv 2001.08361, §2.1;
     Narayanan et al. 2021, arXiv 2104.04473, appendix). Per token and step:
     6N + 12·L·h·s, N the matmul weights (the blocks' and the head's): the
-    count of PaLM (arXiv 2204.02311, appendix B), nanoGPT's ``estimate_mfu``,
-    torchtitan's ``get_num_flop_per_token`` and Megatron-LM's
-    ``num_floating_point_operations``, all of which charge the full s×s
-    scores. With ``causal``, 6N + 6·L·h·s: only the scores at or below the
-    diagonal, which a causal kernel computes, as FlashAttention's benchmarks
-    count (``benchmarks/benchmark_flash_attention.py``: ``// (2 if causal
-    else 1)``) and NVIDIA's Megatron-Bridge does with ``causal_tflops``.
+    count of PaLM (arXiv 2204.02311, appendix B), nanoGPT's ``estimate_mfu``
+    and torchtitan's ``quadratic_attention_flops_per_token``
+    (``torchtitan/models/utils.py``), which charge the full s×s scores. With
+    ``causal``, 6N + 6·L·h·s: only the scores at or below the diagonal, which
+    a causal kernel computes, as FlashAttention's benchmarks count
+    (``benchmarks/benchmark_flash_attention.py``: ``// (2 if causal else
+    1)``), Megatron-LM's ``num_floating_point_operations`` does (its
+    ``transformer_flops``: "causal mask (only half of the mask is non-zero)")
+    and NVIDIA's Megatron-Bridge does with ``causal_tflops``.
     """
     ffn = ffn or 4 * hidden
     scores = seq / 2 if causal else seq

@@ -8,8 +8,11 @@ gradient of every parameter at step 0 within GRAD_TOL of the parameter's
 largest entry (``compare.grad_differences``), and the loss curve within 1e-4;
 in float64 the same differences shrink to rounding (<= 1e-12), so what is
 left in fp32 is the order of the sums. Then the parity procedure names the
-broken gradient synchronisations. The suite's strict point-to-point mode
-(root conftest) holds every message to NCCL's rules.
+broken gradient synchronisations. Layouts with degrees 3 and 4 (where no two
+groups have one size by accident) hold the same parity, and each rank's share of
+the FLOPs (``flops.rank_flops``, the your-turn's answer) is what torch's FLOP
+counter counts on its stage. The suite's strict point-to-point mode (root
+conftest) holds every message to NCCL's rules.
 """
 import math
 import sys
@@ -120,6 +123,31 @@ def test_every_layout_trains_as_one_process(layout, reference):
     assert ref["losses"][-1] < ref["losses"][0]
 
 
+
+# Degrees 3 and 4, where no two groups have one size by accident: tp = 4, pp = 3 with
+# uneven blocks (1, 2, 1), cp = 4, dp = 3, tp = 3 beside cp = 2; a decoder they divide.
+SIZES_3_4 = dict(batch=12, seq_len=24,
+                 model=dict(hidden=24, heads=12, layers=4, vocab_size=264))
+LAYOUTS_3_4 = [(3, 1, 1, 1), (1, 1, 3, 1), (1, 4, 1, 1), (1, 1, 1, 4), (1, 3, 1, 2)]
+
+
+@pytest.fixture(scope="module")
+def reference_3_4():
+    return trainer.reference(STEPS, record_grads=(0,), **SIZES_3_4)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS_3_4, ids=lambda lay: "x".join(map(str, lay)))
+def test_layouts_with_degrees_3_and_4_train_as_one_process(layout, reference_3_4):
+    outs = _run(layout, **SIZES_3_4)
+    p = compare.parity(outs, reference_3_4)
+    assert p["step0_rel"] <= 1e-6 and p["grad_rel"] <= GRAD_TOL, p
+    assert p["curve_rel"] <= 1e-4, p
+    assert {n for o in outs for n in o["grads"][0]} == set(reference_3_4["grads"][0])
+    if layout[2] == 3:                                         # the blocks, uneven
+        held = {o["coords"][1]: {n.split(".")[1] for n in o["grads"][0]
+                                 if n.startswith("blocks.")} for o in outs}
+        assert held == {0: {"0"}, 1: {"1", "2"}, 2: {"3"}}, held
+
 def test_float64_leaves_only_rounding(reference):
     outs = _run((2, 2, 2, 2), dtype=torch.float64)
     p = compare.parity(outs, reference[torch.float64])
@@ -193,6 +221,42 @@ def test_flops_per_token_both_conventions():
     assert flops.per_token(cfg, 64) == pytest.approx(full)
     assert flops.per_token(cfg, 64, causal=True) == pytest.approx(full - 6 * 3 * 48 * 64)
     assert flops.mfu(1000.0, full, 1000.0 * full) == pytest.approx(1.0)
+
+
+def _counted_forward_flops(layout, sizes, seq_len):
+    """On every rank: FLOPs of its Stage's forward on one sequence, counted by
+    torch.utils.flop_counter (matmuls only; the ring's blocks as they run)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from labsupport.capstone import model, trainer
+    cfg = model.run_config(seq_len, sizes)
+    stage, groups, coords = trainer.build(layout, cfg)
+    c = seq_len // layout[3]
+    if coords.pp == 0:
+        x = torch.randint(0, cfg.vocab_size, (1, c))
+    else:                                      # the stream under SP: c/tp positions
+        x = torch.randn(1, c // layout[1], cfg.hidden)
+    with FlopCounterMode(display=False) as counter:
+        stage(x)
+    return dict(pp=coords.pp, cp=coords.cp, flops=counter.get_total_flops())
+
+
+@pytest.mark.parametrize("layout", [(1, 1, 1, 1), (1, 2, 3, 1), (1, 1, 2, 4), (1, 3, 1, 2)],
+                         ids=lambda lay: "x".join(map(str, lay)))
+def test_rank_flops_is_the_work_each_rank_counts(layout):
+    from labsupport.capstone import flops
+    sizes, seq = dict(hidden=24, heads=6, layers=4, vocab_size=264), 48
+    cfg = model.run_config(seq, sizes)
+    outs = ls.run(_counted_forward_flops, layout, sizes, seq,
+                  world_size=math.prod(layout), backend="gloo")
+    for o in outs:
+        want = flops.rank_flops(cfg, seq, lay.Layout(*layout), o["pp"], o["cp"])
+        assert 3 * o["flops"] == pytest.approx(want, rel=1e-12), (o, want)
+    # over the ranks of one replica, at cp = 1: the whole model's count
+    if layout[3] == 1:
+        total = sum(o["flops"] for o in outs) * 3 / seq
+        assert total == pytest.approx(flops.per_token(cfg, seq), rel=1e-12)
 
 
 def test_cpu_theoretical_peak_reads_cpuinfo(tmp_path):
@@ -301,17 +365,39 @@ def test_the_step_breakdown_adds_up_and_sees_each_dimension():
 def test_the_your_turn_checks_pass_a_right_answer_and_name_each_slip():
     from labsupport.capstone import checks
 
-    def right(layers, hidden, seq, vocab, causal):
-        n = layers * 12 * hidden ** 2 + vocab * hidden
-        return 6 * n + (6 if causal else 12) * layers * hidden * seq
-    checks.check_flops_per_token(right)
-    slips = {"lookup": lambda *a: right(*a) + 6 * a[3] * a[1],
+    def right(layers, hidden, seq, vocab, layout, pp_rank, cp_rank):
+        from labsupport.capstone.model import stage_blocks
+        c = seq // layout.cp
+        blocks = len(stage_blocks(layers, layout.pp, pp_rank))
+        head = hidden * vocab if pp_rank == layout.pp - 1 else 0
+        return 6 * (c * (blocks * 12 * hidden ** 2 + head)
+                    + blocks * 2 * hidden * c * c * (cp_rank + 1)) / layout.tp
+    checks.check_rank_flops(right)
+    with pytest.raises(AssertionError, match="returned 0, not"):   # a stub's answer
+        checks.check_rank_flops(lambda *a: 0)
+
+    def full_ring(layers, hidden, seq, vocab, layout, pp_rank, cp_rank):
+        return right(layers, hidden, seq, vocab, layout, pp_rank, layout.cp - 1)
+
+    def head_everywhere(layers, hidden, seq, vocab, layout, pp_rank, cp_rank):
+        head = 6 * (seq // layout.cp) * hidden * vocab / layout.tp
+        return (right(layers, hidden, seq, vocab, layout, pp_rank, cp_rank)
+                + head * (pp_rank != layout.pp - 1))
+
+    def even_blocks(layers, hidden, seq, vocab, layout, pp_rank, cp_rank):
+        per = right(layers, hidden, seq, vocab, layout._replace(pp=1), 0, cp_rank)
+        head = 6 * (seq // layout.cp) * hidden * vocab / layout.tp
+        last = pp_rank == layout.pp - 1
+        return (per - head) / layout.pp + head * last
+    slips = {"divide by tp": lambda *a: right(*a) * a[4].tp,
              "the forward": lambda *a: right(*a) / 3,
-             "other convention": lambda *a: right(*a[:4], not a[4]),
+             r"i \+ 1 of them, not all cp": full_ring,
+             "last stage only": head_everywhere,
+             "not layers / pp": even_blocks,
              "x1.5": lambda *a: right(*a) * 1.5}
     for words, fn in slips.items():
         with pytest.raises(AssertionError, match=words):
-            checks.check_flops_per_token(fn)
+            checks.check_rank_flops(fn)
 
     def repair(stage, groups, layout):
         from labsupport.tensor_parallel.gpt import allreduce_sequence_parallel_grads

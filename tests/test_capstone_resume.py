@@ -2,12 +2,15 @@
 """The capstone's checkpoint (DCP), saved at one layout and resumed at another.
 
 A run at 2x2x2x1 saves every two steps; resumed from step 2 at 4x1x2x1
-(dp 2 -> 4, tp 2 -> 1) and at 1x2x2x2 (dp 2 -> 1, cp 1 -> 2), the losses of
+(dp 2 -> 4, tp 2 -> 1), at 1x2x2x2 (dp 2 -> 1, cp 1 -> 2) and at 2x1x1x1
+(tp 2 -> 1, pp 2 -> 1: every block on one stage), the losses of
 the remaining steps equal the uninterrupted run's within the parity tolerance
 (``compare.LOSS_RTOL``), the data position carried across the change of dp.
 What each rank of the new layout loads is, bit for bit, its slice of the
 whole tensors that the checkpoint holds (read back in one process), and
-those are the saving run's weights. A resume with another global batch,
+those are the saving run's weights. A three-block decoder saved at two stages
+(blocks 0-1 and 2) resumes at three (one block each) and continues the same
+way. A resume with another global batch,
 sequence length or decoder is refused, saying what differs.
 """
 import math
@@ -25,7 +28,7 @@ from labsupport.capstone.model import config
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 SAVED_AT, STEPS, EVERY = (2, 2, 2, 1), 4, 2
-RESUME_AT = [(4, 1, 2, 1), (1, 2, 2, 2)]
+RESUME_AT = [(4, 1, 2, 1), (1, 2, 2, 2), (2, 1, 1, 1)]
 
 
 def _train(layout, steps=STEPS, **kw):
@@ -152,3 +155,10 @@ def test_resume_parity_for_the_notebook_and_the_benchmark():
     r = compare.resume_parity((2, 2, 2, 1), (1, 2, 2, 2), steps=3, save_at=1)
     assert r["equal"] and len(r["resumed"]) == len(r["uninterrupted"]) == 2, r
     assert r["max_rel"] <= compare.LOSS_RTOL
+
+
+def test_a_resume_may_change_the_number_of_pipeline_stages():
+    # 3 blocks: saved as stages of 2 and 1 blocks, resumed as 3 stages of one
+    r = compare.resume_parity((1, 1, 2, 1), (1, 1, 3, 1), steps=3, save_at=1,
+                              model=dict(layers=3))
+    assert r["equal"] and len(r["resumed"]) == 2, r

@@ -27,7 +27,8 @@
   another (``train(checkpoint_every=, checkpoint_dir=, resume=)``);
 - ``run``: ``train`` as a torchrun script (``python -m labsupport.capstone.run``);
 - ``evaluate``: validation loss in bits per byte, text sampled with a seed;
-- ``flops``: FLOPs per token both ways, measured and theoretical peaks, MFU;
+- ``flops``: FLOPs per token both ways, one rank's share at a layout, measured
+  and theoretical peaks, MFU;
 - ``breakdown``: where a step's time goes, from its recorded timeline;
 - ``grid``: the picture of a layout's ranks, coloured by group, a panel per kind;
 - ``build_checks``: the your-turn checks of notebooks/11_building_the_composition.ipynb

@@ -4,6 +4,7 @@
     per_token_causal = flops.per_token(cfg, seq_len, causal=True)
     peak = flops.measured_peak(threads=2)                    # FLOP/s of a matmul here
     flops.mfu(tokens_per_s, per_token, peak)
+    flops.rank_flops(cfg, seq_len, layout, pp_rank, cp_rank)   # one rank's share
 
 MFU (model FLOPs utilisation, Chowdhery et al. 2022, PaLM, arXiv 2204.02311,
 appendix B) is the model's FLOPs per second over a peak; it says nothing
@@ -24,6 +25,7 @@ import re
 import torch
 
 from labsupport import overlap
+from labsupport.capstone.model import stage_blocks
 
 
 def per_token(cfg, seq_len, causal=False) -> float:
@@ -72,3 +74,29 @@ def cpu_theoretical_peak(cpuinfo="/proc/cpuinfo") -> dict:
 def mfu(tokens_per_s, flops_per_token, peak) -> float:
     """Model FLOPs utilisation: the model's FLOP/s over ``peak``."""
     return tokens_per_s * flops_per_token / peak
+
+
+def rank_flops(cfg, seq_len, layout, pp_rank, cp_rank) -> float:
+    """Training FLOPs (forward + backward, 3x the forward, 2 per multiply-add)
+    that the rank at pipeline stage ``pp_rank`` and cp rank ``cp_rank`` of
+    ``layout`` = (dp, tp, pp, cp) does for one sequence of its replica, as
+    ``capstone.model.Stage`` computes it (tests/test_capstone.py counts its
+    forward with ``torch.utils.flop_counter``):
+
+    - its blocks (``model.stage_blocks``: contiguous, near-equal runs), each
+      6·12·h² per position, on its c = s/cp positions, every matmul split
+      over tp (Megatron's column and row halves, the heads);
+    - attention over a causal ring: cp rank i visits the key blocks 0..i
+      and computes each whole (the diagonal one masked, the later ones
+      skipped: chapter 6), 6·2·h·c² per block, the heads split over tp;
+    - the LM head on the last stage only, 6·h·V per position, column-parallel
+      over tp; the token embedding is a lookup (no FLOPs).
+    """
+    h, tp = cfg.hidden, layout.tp
+    c = seq_len // layout.cp
+    blocks = len(stage_blocks(cfg.layers, layout.pp, pp_rank))
+    matmuls = blocks * (4 * h * h + 2 * h * cfg.ffn_hidden)
+    if pp_rank == layout.pp - 1:
+        matmuls += h * cfg.vocab_size
+    attention = blocks * 2 * h * c * c * (cp_rank + 1)
+    return 6 * (c * matmuls + attention) / tp
