@@ -24,6 +24,8 @@
 - ``evaluate``: validation loss in bits per byte, text sampled with a seed;
 - ``flops``: FLOPs per token both ways, measured and theoretical peaks, MFU;
 - ``breakdown``: where a step's time goes, from its recorded timeline;
+- ``baseline``: the one-process step timed (at a thread count), and the
+  1 x 1 x 1 x 1 trainer's step over it;
 - ``checks``: the your-turn checks of notebooks/11_capstone.ipynb; ``bench``:
   ``python -m labsupport.bench capstone``.
 
