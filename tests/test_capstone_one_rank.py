@@ -143,3 +143,19 @@ def test_one_rank_overhead_runs_both_on_one_rank_in_turn():
     assert len(r["runs"]["trainer"]) == len(r["runs"]["plain"]) == 2
     assert r["ratio"] == pytest.approx(r["plain_tokens_per_s"] / r["trainer_tokens_per_s"])
     assert r["threads"] >= 1
+
+
+# --- cores, not logical CPUs ------------------------------------------------------------
+def test_physical_cores_are_counted_apart_from_logical_cpus(tmp_path, monkeypatch):
+    from labsupport.capstone import flops
+    # 4 logical CPUs, two hardware threads on each of 2 cores; this process may use 3
+    entries = [f"processor\t: {i}\nmodel name\t: Some CPU\ncpu MHz\t\t: 2000.000\n"
+               f"physical id\t: 0\ncore id\t\t: {i // 2}\n"
+               "flags\t\t: fpu avx2 fma hypervisor\n" for i in range(4)]
+    f = tmp_path / "cpuinfo"
+    f.write_text("\n".join(entries))
+    monkeypatch.setattr(flops.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    counts = flops.cpu_counts(str(f))
+    assert (counts["affinity"], counts["cores"], counts["virtual"]) == (3, 2, True)
+    peak = flops.cpu_theoretical_peak(str(f))
+    assert peak["cores"] == 2 and peak["low"] == pytest.approx(2 * 2e9 * 8 * 2)

@@ -23,14 +23,20 @@ On the capstone's decoder and the Bible's bytes (``labsupport.capstone``):
 - clipping: the trainer's ``clip_norm`` (``capstone.clip``) in float64 at
   layouts with a degree 3, against one process's ``clip_grad_norm_``: the
   largest relative difference of the pre-clip norms, the clipped gradients of
-  every step and the loss curve.
+  every step and the loss curve;
+- one rank: the 1 x 1 x 1 x 1 trainer's step over the one-process
+  ``models.GPT`` step (``baseline.one_rank_overhead``: one rank, the same
+  threads, taking turns, medians), with one micro-batch, as the one-process
+  step takes the batch whole (at pp = 1, m > 1 is gradient accumulation,
+  whose smaller matmuls are the same cost in any trainer).
 
 The last line is machine-readable: ``capstone_step0_rel_diff=<max over
 layouts> capstone_curve_rel_diff=<max over layouts and steps>
 capstone_step_ratio_vs_native=<x> capstone_mfu_measured_peak=<y>
-capstone_resume_equal=<0|1> capstone_clip_rel_diff=<max>``. Goals: step 0
-<= 1e-6, curve <= 1e-4, step ratio <= 1.0, resume 1, clip <= 1e-6. Timings
-are this machine's, under its load.
+capstone_resume_equal=<0|1> capstone_clip_rel_diff=<max>
+capstone_one_rank_overhead=<x>``. Goals: step 0 <= 1e-6, curve <= 1e-4, step
+ratio <= 1.0, resume 1, clip <= 1e-6, one rank <= 1.10. Timings are this
+machine's, under its load.
 """
 import argparse
 import math
@@ -128,6 +134,20 @@ def clip(args) -> float:
     return worst
 
 
+def one_rank(args) -> float:
+    """The 1 x 1 x 1 x 1 trainer's step over the one-process ``models.GPT`` step
+    (``baseline.one_rank_overhead``), the speed run's sizes, one micro-batch."""
+    from labsupport.capstone import baseline
+    r = baseline.one_rank_overhead(steps=args.speed_steps, repeats=args.repeats,
+                                   batch=args.batch, seq_len=args.seq_len, micro_batches=1,
+                                   model=dict(hidden=args.hidden, heads=args.heads,
+                                              layers=args.layers, seq_len=args.seq_len))
+    print(f"one rank: trainer.train (1,1,1,1) {r['trainer_tokens_per_s']:,.0f} tokens/s, "
+          f"models.GPT in one process {r['plain_tokens_per_s']:,.0f}, {r['threads']} "
+          f"threads each, medians of {args.repeats}: step ratio {r['ratio']:.3f}")
+    return r["ratio"]
+
+
 def _layout(text):
     parts = tuple(int(x) for x in text.split(","))
     if len(parts) != 4 or min(parts) < 1:
@@ -160,9 +180,11 @@ def main(argv):
     value = mfu(tps["hand_tokens_per_s"], args)
     equal = resume(args)
     clip_rel = clip(args)
+    overhead = one_rank(args)
     print(f"capstone_step0_rel_diff={max(r['step0_rel'] for r in rows):.3e} "
           f"capstone_curve_rel_diff={max(r['curve_rel'] for r in rows):.3e} "
           f"capstone_step_ratio_vs_native={tps['ratio']:.3f} "
           f"capstone_mfu_measured_peak={value:.4f} "
           f"capstone_resume_equal={int(equal)} "
-          f"capstone_clip_rel_diff={clip_rel:.3e}")
+          f"capstone_clip_rel_diff={clip_rel:.3e} "
+          f"capstone_one_rank_overhead={overhead:.3f}")
