@@ -64,3 +64,18 @@ class CallClock:
     def total(self, calls) -> float:
         """Seconds of these calls (recorded dicts), each timed on the device."""
         return sum(self.seconds[c["id"]] for c in calls)
+
+
+def alternated(measures: dict, repeats: int) -> dict:
+    """Each of ``measures`` ({name: callable() -> a number, e.g. tokens/s}) called
+    ``repeats`` times, in turn (a, b, a, b, ...): a shared machine's load drifts,
+    and taking turns spreads the drift over every measure alike. Returns {name:
+    the median}, and "runs": {name: every value, in order}."""
+    import statistics
+    if repeats < 1:
+        raise ValueError(f"alternated needs repeats >= 1, got {repeats}")
+    runs = {name: [] for name in measures}
+    for _ in range(repeats):
+        for name, measure in measures.items():
+            runs[name].append(measure())
+    return dict({name: statistics.median(v) for name, v in runs.items()}, runs=runs)

@@ -122,7 +122,8 @@ def test_the_capstone_benchmark_ends_with_its_line():
     assert re.fullmatch(rf"capstone_step0_rel_diff={num} capstone_curve_rel_diff={num} "
                         rf"capstone_step_ratio_vs_native={num} "
                         rf"capstone_mfu_measured_peak={num} capstone_resume_equal=1 "
-                        rf"capstone_clip_rel_diff={num} capstone_memory_vs_formula={num}",
+                        rf"capstone_clip_rel_diff={num} capstone_memory_vs_formula={num} "
+                        rf"capstone_one_rank_overhead={num}",
                         last), out.stdout[-2000:]
     step0 = float(re.search(rf"capstone_step0_rel_diff=({num})", last).group(1))
     assert step0 <= 1e-6, last

@@ -33,6 +33,8 @@
 - ``grid``: the picture of a layout's ranks, coloured by group, a panel per kind;
 - ``build_checks``: the your-turn checks of notebooks/11_building_the_composition.ipynb
   (the reader's process groups, the reader's stage cut);
+- ``baseline``: the one-process step timed (at a thread count), and the
+  1 x 1 x 1 x 1 trainer's step over it;
 - ``checks``: the your-turn checks of notebooks/11_capstone.ipynb; ``bench``:
   ``python -m labsupport.bench capstone``.
 

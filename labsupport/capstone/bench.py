@@ -30,14 +30,20 @@ On the capstone's decoder and the Bible's bytes (``labsupport.capstone``):
   parameters, gradients, optimizer state and peak saved activations counted
   after one step (``capstone.footprint``) over chapter 0's formulas: the
   rank's total over the formula's, the worst (farthest from 1) of all ranks.
+- one rank: the 1 x 1 x 1 x 1 trainer's step over the one-process
+  ``models.GPT`` step (``baseline.one_rank_overhead``: one rank, the same
+  threads, taking turns, medians), with one micro-batch, as the one-process
+  step takes the batch whole (at pp = 1, m > 1 is gradient accumulation,
+  whose smaller matmuls are the same cost in any trainer).
 
 The last line is machine-readable: ``capstone_step0_rel_diff=<max over
 layouts> capstone_curve_rel_diff=<max over layouts and steps>
 capstone_step_ratio_vs_native=<x> capstone_mfu_measured_peak=<y>
 capstone_resume_equal=<0|1> capstone_clip_rel_diff=<max>
-capstone_memory_vs_formula=<worst ratio>``. Goals: step 0 <= 1e-6, curve <=
-1e-4, step ratio <= 1.0, resume 1, clip <= 1e-6, memory 0.95 to 1.05. Timings
-are this machine's, under its load.
+capstone_memory_vs_formula=<worst ratio>
+capstone_one_rank_overhead=<x>``. Goals: step 0 <= 1e-6, curve <=
+1e-4, step ratio <= 1.0, resume 1, clip <= 1e-6, memory 0.95 to 1.05, one rank <=
+1.10. Timings are this machine's, under its load.
 """
 import argparse
 import math
@@ -163,6 +169,20 @@ def memory(args) -> float:
     return worst
 
 
+def one_rank(args) -> float:
+    """The 1 x 1 x 1 x 1 trainer's step over the one-process ``models.GPT`` step
+    (``baseline.one_rank_overhead``), the speed run's sizes, one micro-batch."""
+    from labsupport.capstone import baseline
+    r = baseline.one_rank_overhead(steps=args.speed_steps, repeats=args.repeats,
+                                   batch=args.batch, seq_len=args.seq_len, micro_batches=1,
+                                   model=dict(hidden=args.hidden, heads=args.heads,
+                                              layers=args.layers, seq_len=args.seq_len))
+    print(f"one rank: trainer.train (1,1,1,1) {r['trainer_tokens_per_s']:,.0f} tokens/s, "
+          f"models.GPT in one process {r['plain_tokens_per_s']:,.0f}, {r['threads']} "
+          f"threads each, medians of {args.repeats}: step ratio {r['ratio']:.3f}")
+    return r["ratio"]
+
+
 def _layout(text):
     parts = tuple(int(x) for x in text.split(","))
     if len(parts) != 4 or min(parts) < 1:
@@ -198,10 +218,12 @@ def main(argv):
     equal = resume(args)
     clip_rel = clip(args)
     mem = memory(args)
+    overhead = one_rank(args)
     print(f"capstone_step0_rel_diff={max(r['step0_rel'] for r in rows):.3e} "
           f"capstone_curve_rel_diff={max(r['curve_rel'] for r in rows):.3e} "
           f"capstone_step_ratio_vs_native={tps['ratio']:.3f} "
           f"capstone_mfu_measured_peak={value:.4f} "
           f"capstone_resume_equal={int(equal)} "
           f"capstone_clip_rel_diff={clip_rel:.3e} "
-          f"capstone_memory_vs_formula={mem:.4f}")
+          f"capstone_memory_vs_formula={mem:.4f} "
+          f"capstone_one_rank_overhead={overhead:.3f}")

@@ -14,8 +14,8 @@ the first of ``PARTS`` that covers it:
 - "tp": a collective on the rank's tp group (sequence parallelism's
   all-gathers and reduce-scatters, the f/g all-reduces, the SP gradients'
   all-reduce): the rank waits for it;
-- "dp x cp": the gradient all-reduce over the dp x cp ranks (chapter 3's
-  buckets), the loss's, and the rest of the sync (flattening the buckets);
+- "dp x cp": a collective on the dp x cp ranks, or on its dp or its cp
+  group alone (the gradient all-reduce in chapter 3's buckets, the loss's);
 - "pp wait": waiting for a neighbour stage's activation or gradient, posting
   the sends, broadcasting the loss: the pipeline's bubble and its transfers
   (chapter 5 measures the bubble from the same "wait" lane);
@@ -23,6 +23,14 @@ the first of ``PARTS`` that covers it:
   the previous block's attention computes, so this is what cp costs at most;
 - "compute": the rest of the forward, backward and optimizer spans;
 - "other": the rest of the step (Python between spans).
+
+The rest of the gradient sync's span (flattening the buckets, dividing,
+copying back) is the work of the reductions it made: it goes to "dp x cp"
+if the sync called a collective on that dimension's groups, else to "tp"
+if it called one on tp, else to "compute" (a sync that reduced nothing, as
+at 1 x 1 x 1 x 1, did local work only). A collective on a group of one
+rank moves nothing and is booked to no group. Each part is thus the group
+the recorded calls really used, never a group the layout does not have.
 
 Ranks that share a machine's cores also wait for a core inside "compute":
 on 2 cores and 8 ranks, a rank's compute span is several ranks' work.
@@ -41,16 +49,14 @@ def intervals(out) -> dict:
     layout = Layout(*out["layout"])
     mine = {name: tuple(next(g for g in groups if rank in g))
             for name, groups in layout_groups(layout).items()}
+    part_of = {mine["tp"]: "tp", mine["pp"]: "pp wait", mine["dp_cp"]: "dp x cp",
+               mine["dp"]: "dp x cp", mine["cp"]: "dp x cp"}
     parts = {p: [] for p in PARTS}
     for c in tl["calls"]:
         span, ranks = (c["start"], c["end"]), tuple(c["ranks"])
         if c["kind"] == "collective":
-            if len(ranks) > 1 and ranks == mine["tp"]:
-                parts["tp"].append(span)
-            elif len(ranks) > 1 and ranks == mine["dp_cp"]:
-                parts["dp x cp"].append(span)
-            elif len(ranks) > 1 and ranks == mine["pp"]:
-                parts["pp wait"].append(span)
+            if len(ranks) > 1 and ranks in part_of:   # a group of one moves nothing
+                parts[part_of[ranks]].append(span)
         elif c["peer"] in mine["cp"] and c["peer"] != rank:
             parts["cp ring"].append(span)
     for e in tl["events"]:
@@ -58,11 +64,20 @@ def intervals(out) -> dict:
         if e["lane"] == "wait" or e["name"] == "post":
             parts["pp wait"].append(span)
         elif e["name"] == "sync":
-            parts["dp x cp"].append(span)
+            parts[sync_part(parts, span)].append(span)
         elif e["lane"] == "compute":
             parts["compute"].append(span)
     parts["other"].append((tl["start"], tl["end"]))
     return parts
+
+
+def sync_part(parts, span) -> str:
+    """The part the gradient sync's own work goes to: that of the reductions it
+    made (their calls in ``parts`` inside ``span``), dp x cp before tp; none:
+    "compute"."""
+    inside = {p for p in ("dp x cp", "tp")
+              if any(span[0] <= s and e <= span[1] for s, e in parts[p])}
+    return next((p for p in ("dp x cp", "tp") if p in inside), "compute")
 
 
 def step_parts(out) -> dict:

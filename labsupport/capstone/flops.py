@@ -14,10 +14,16 @@ share its cores, so a per-rank peak would count the cores once per rank):
 - ``measured_peak``: this machine's float32 matmul throughput, measured at the
   thread count the ranks use together (what the CPU really does on the
   decoder's biggest kind of work);
-- ``cpu_theoretical_peak``: cores x clock x FLOPs per cycle, from what
-  ``/proc/cpuinfo`` says; the FLOPs per cycle of an x86 core depend on its
-  FMA units, which cpuinfo does not say, so the two widths a core with that
-  instruction set may have are both given.
+- ``cpu_theoretical_peak``: physical cores x clock x FLOPs per cycle, from
+  what ``/proc/cpuinfo`` says; the FLOPs per cycle of an x86 core depend on
+  its FMA units, which cpuinfo does not say, so one and two units are both
+  given.
+
+Cores, not logical CPUs: ``os.cpu_count()`` and ``os.sched_getaffinity`` count
+logical CPUs, and two hardware threads of one core (SMT) share its FMA units.
+``cpu_counts`` gives the three numbers side by side; in a virtual machine the
+cores are the ones the hypervisor presents, and how they map to the host's
+the guest cannot see.
 """
 import os
 import re
@@ -48,21 +54,41 @@ def measured_peak(threads=None, n=1024, repeats=5) -> float:
         torch.set_num_threads(before)
 
 
+def cpu_counts(cpuinfo="/proc/cpuinfo") -> dict:
+    """{'cpu_count', 'affinity', 'cores', 'virtual'}: ``os.cpu_count()`` (logical
+    CPUs of the machine), ``len(os.sched_getaffinity(0))`` (the logical CPUs this
+    process may run on), the physical cores those sit on (distinct ``physical
+    id`` and ``core id`` pairs of cpuinfo; the logical count where cpuinfo has
+    no such fields), and whether cpuinfo's flags say a hypervisor runs it."""
+    text = open(cpuinfo).read()
+    mine, cores = os.sched_getaffinity(0), set()
+    for entry in text.strip().split("\n\n"):
+        fields = dict(re.findall(r"^([^\t:]+?)\s*:\s*(.*)$", entry, re.M))
+        if "processor" in fields and int(fields["processor"]) in mine \
+                and "core id" in fields:
+            cores.add((fields.get("physical id"), fields["core id"]))
+    flags = re.search(r"^flags\s*:(.*)$", text, re.M)
+    return dict(cpu_count=os.cpu_count(), affinity=len(mine),
+                cores=len(cores) or len(mine),
+                virtual=bool(flags) and "hypervisor" in flags.group(1).split())
+
+
 def cpu_theoretical_peak(cpuinfo="/proc/cpuinfo") -> dict:
-    """{'cores', 'ghz', 'isa', 'low', 'high', 'model'}: float32 FLOP/s of this
-    machine's cores at the clock cpuinfo reports, for one or two FMA units of
-    the widest vector it lists (an FMA is 2 FLOPs per lane: AVX-512 has 16
-    float32 lanes, AVX2 8). Which applies is the core's, not cpuinfo's: AMD's
-    Zen 4 runs a 512-bit FMA as two 256-bit halves (16 lanes per cycle, like
-    two AVX2 units), Intel's Xeon Gold and Platinum have two 512-bit FMA units
-    (Intel 64 and IA-32 Architectures Optimization Reference Manual, ch. 2).
-    The clock is the one cpuinfo shows, often the base clock in a virtual
+    """{'cores', 'ghz', 'isa', 'low', 'high', 'model'}: float32 FLOP/s of the
+    physical cores this process may use (``cpu_counts``) at the clock cpuinfo
+    reports, for one or two FMA units of the widest vector it lists (an FMA is
+    2 FLOPs per lane: AVX-512 has 16 float32 lanes, AVX2 8). Which applies is
+    the core's, not cpuinfo's: even one product line mixes both (Intel's
+    specification pages list "# of AVX-512 FMA Units": 2 on the Xeon Gold
+    6130, 1 on the Gold 5120, https://ark.intel.com/products/series/125191;
+    tabulated from those pages in github.com/jeffhammond/vpu-count). The
+    clock is the one cpuinfo shows, often the base clock in a virtual
     machine; a core that boosts above it can outrun ``low``."""
     text = open(cpuinfo).read()
     flags = set(re.search(r"^flags\s*:(.*)$", text, re.M).group(1).split())
     mhz = float(re.search(r"^cpu MHz\s*:\s*([\d.]+)", text, re.M).group(1))
     model = re.search(r"^model name\s*:\s*(.*)$", text, re.M).group(1).strip()
-    cores = len(os.sched_getaffinity(0))
+    cores = cpu_counts(cpuinfo)["cores"]
     isa, lanes = ("avx512f", 16) if "avx512f" in flags else (
         ("avx2", 8) if "avx2" in flags else ("sse", 4))
     fma = 2 if "fma" in flags or isa == "avx512f" else 1   # multiply-add: 2 FLOPs

@@ -16,7 +16,12 @@ chapters' own code:
   embedding vocab-parallel, the LM head column-parallel; with
   ``sequence_parallel`` the residual stream between the parallel regions
   holds s/(cp·tp) positions per rank (Megatron-SP's all-gather and
-  reduce-scatter);
+  reduce-scatter). At tp = 1 there is nothing to split: the stage keeps the
+  decoder's own modules and sequence parallelism is off, as in Megatron-LM
+  (``validate_args`` in ``megatron/training/arguments.py`` turns
+  ``sequence_parallel`` off when ``tensor_model_parallel_size == 1``, and
+  the f/g mappings of ``megatron/core/tensor_parallel/mappings.py`` return
+  their input on a group of one), so no collective runs on a one-rank group;
 - context parallelism (chapter 6, ``ring_attention``): each rank of a cp
   group holds a contiguous slice of s/cp positions, with the position
   embedding offset to its slice, and every attention is a causal ring over
@@ -93,27 +98,34 @@ class Stage(nn.Module):
     stream (b, s/cp, h), or (b, s/(cp·tp), h) under SP; returns the stream,
     or on the last stage the logits of the rank's positions (b, s/cp, V).
     Parameter names are the decoder's (``blocks.3.attn.q.weight``...).
+    ``sequence_parallel`` is taken where tp > 1 and ignored at tp = 1
+    (``self.sequence_parallel`` says which held).
     """
 
     def __init__(self, gpt, layout, coords, groups, sequence_parallel=True):
         super().__init__()
         cfg, tp_group = gpt.cfg, groups["tp"]
+        self.split = layout.tp > 1                  # tp = 1: the decoder's own modules
+        sequence_parallel = sequence_parallel and self.split   # Megatron: off at tp = 1
         self.cfg, self.group, self.sequence_parallel = cfg, tp_group, sequence_parallel
         self.first, self.last = coords.pp == 0, coords.pp == layout.pp - 1
         self.cp_rank, self.cp = coords.cp, layout.cp
         if self.first:
-            self.tok = VocabParallelEmbedding(gpt.tok, tp_group, sequence_parallel)
+            self.tok = VocabParallelEmbedding(gpt.tok, tp_group, sequence_parallel) \
+                if self.split else gpt.tok
             self.pos = gpt.pos
         blocks = {}
         for i in stage_blocks(cfg.layers, layout.pp, coords.pp):
-            block = TensorParallelBlock(gpt.blocks[i], tp_group, sequence_parallel)
+            block = TensorParallelBlock(gpt.blocks[i], tp_group, sequence_parallel) \
+                if self.split else gpt.blocks[i]
             if layout.cp > 1:   # the same projections, attention as a ring
                 block.attn = RingSelfAttention(block.attn, groups["cp"])
             blocks[str(i)] = block
         self.blocks = nn.ModuleDict(blocks)
         if self.last:
             self.ln_f = gpt.ln_f
-            self.lm_head = ColumnParallelLinear(gpt.lm_head, tp_group)
+            self.lm_head = ColumnParallelLinear(gpt.lm_head, tp_group) \
+                if self.split else gpt.lm_head
         ends = [getattr(self, n) for n in ("pos", "ln_f") if hasattr(self, n)]
         self.sp_params = sequence_parallel_params(self.blocks.values(), *ends)
 
@@ -132,6 +144,8 @@ class Stage(nn.Module):
             x = block(x)
         if not self.last:
             return x
+        if not self.split:
+            return self.lm_head(self.ln_f(x))                           # (b, c, V)
         x = enter_tp(self.ln_f(x), self.group, self.sequence_parallel)   # (b, c, h)
         return GatherLastDim.apply(self.lm_head(x), self.group)         # (b, c, V)
 

@@ -21,7 +21,8 @@ One step on every rank (``step``):
    and context-parallel inside (``capstone.model.Stage``); the last stage's
    loss of a micro-batch is its mean cross-entropy / m;
 3. ``sync_gradients``: the gradients that sequence parallelism left partial
-   (LayerNorms, row-parallel biases, position embedding) are summed over tp
+   (LayerNorms, row-parallel biases, position embedding; SP runs at tp > 1
+   only) are summed over tp
    (``tp_gpt.allreduce_sequence_parallel_grads``), then every gradient is
    averaged over the dp × cp ranks, which saw the same weights and different
    tokens: one all-reduce per bucket of chapter 3's ``ddp.bucket_params``, a
@@ -143,6 +144,9 @@ class TrainConfig:
     before each optimizer step (``torch.nn.utils.clip_grad_norm_``'s max_norm;
     None, the default: no clipping). ``zero``: 0 (default) plain data parallelism;
     1 or 2, ZeRO-1 or ZeRO-2 over the dp × cp ranks (``capstone.zero``).
+    ``sequence_parallel``: Megatron-SP where
+    tp > 1; at tp = 1 it is off whatever this says, as in Megatron-LM
+    (``capstone.model.Stage``).
     """
     # the model
     model: dict | models.GPTConfig | None = None
@@ -247,7 +251,7 @@ def run_steps(one_step, loader, steps, *, first=0, warmup=1, timed=True, device=
     losses, grads, updates, start, timed_steps = [], {}, {}, None, 0
     for k in range(first, steps):
         if timed and k == min(first + warmup, steps - 1):   # whole steps after warm-up
-            dist.barrier()
+            _barrier()
             start, timed_steps = timing.now(device), steps - k
         ids, targets = (t if device is None else t.to(device) for t in loader.next())
         before = _copies(module) if k in record_grads else None
@@ -260,10 +264,16 @@ def run_steps(one_step, loader, steps, *, first=0, warmup=1, timed=True, device=
             after_step(k, losses[-1])
     out = dict(losses=losses, grads=grads, updates=updates, tokens_per_s=None)
     if timed:
-        dist.barrier()
+        _barrier()
         seconds = timing.now(device) - start    # once the device's work is done
         out["tokens_per_s"] = timed_steps * tokens_per_step / seconds
     return out
+
+
+def _barrier():
+    """Every rank at once, if there are ranks (one process times alone)."""
+    if dist.is_initialized():
+        dist.barrier()
 
 
 @contextlib.contextmanager
@@ -351,10 +361,12 @@ def _recorded_step(timeline, *args):
     return loss
 
 
-def reference(steps, config=None, *, record_grads=(), **fields):
+def reference(steps, config=None, *, record_grads=(), timed=False, warmup=1, **fields):
     """The same training in one process, on ``models.GPT`` itself (no lesson
     code, no communication): the losses, the recorded gradients, the model, and
-    with ``clip_norm`` each step's norm before ``clip_grad_norm_`` clipped it."""
+    with ``clip_norm`` each step's norm before ``clip_grad_norm_`` clipped it;
+    ``timed``: tokens/s over the steps after ``warmup``, as ``train`` times them
+    (``capstone.baseline``)."""
     cfg = TrainConfig.of(config, **fields)
     gpt = models.GPT(cfg.gpt_config(), seed=cfg.seed).to(cfg.dtype)
     opt = cfg.make_optimizer(list(gpt.parameters()))
@@ -370,9 +382,11 @@ def reference(steps, config=None, *, record_grads=(), **fields):
         opt.step()
         return loss
 
-    out = run_steps(one_step, cfg.loader(), steps, timed=False, record_grads=record_grads,
+    out = run_steps(one_step, cfg.loader(), steps, timed=timed, warmup=warmup,
+                    tokens_per_step=cfg.batch * cfg.seq_len, record_grads=record_grads,
                     module=gpt)
-    return dict(losses=out["losses"], grads=out["grads"], model=gpt, grad_norms=norms)
+    return dict(losses=out["losses"], grads=out["grads"], model=gpt, grad_norms=norms,
+                tokens_per_s=out["tokens_per_s"])
 
 
 def bits_per_byte(loss) -> float:
