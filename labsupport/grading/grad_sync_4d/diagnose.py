@@ -1,0 +1,303 @@
+"""What is wrong with a student's answer to assignment 9, from the ranks' results.
+
+``parity_problem``: the first gradient that differs from one process's and the
+reduction that explains it (a group named, and for the tied weight the stage:
+not summed across the stages, averaged instead of summed, or summed onto one
+stage only, the other keeping its own part). ``norm_problem``: which classic
+mistake a global gradient norm makes (capstone.clip's list, with the tied
+weight). ``groups_problem``: what a rank's embedding group should have held.
+Everything here compares tensors and numbers; nothing reads a clock.
+"""
+import math
+
+from labsupport.capstone import compare
+from labsupport.capstone.layout import Layout
+from labsupport.grading.grad_sync_4d.config import TIED
+
+NORM_RTOL = 1e-4      # a norm of fp32 sums in another order
+
+
+def parity_problem(outs, ref, layout) -> str | None:
+    """None if every rank's gradients at step 0 and the losses are one process's."""
+    for o in outs:
+        if o["missing"]:
+            return (f"after your sync rank {o['rank']}'s {', '.join(o['missing'][:3])} "
+                    "had no gradient (.grad is None): leave every gradient in its "
+                    "parameter's .grad")
+        for n, g in o["grads"].items():
+            want = compare.local_slice(ref["grads"][n], o["shards"][n])
+            if g.shape != want.shape or g.dtype != want.dtype:
+                return (f"after your sync rank {o['rank']}'s {n}.grad is a {g.dtype} "
+                        f"tensor of shape {tuple(g.shape)}, where its parameter is "
+                        f"{want.dtype} {tuple(want.shape)}: keep each gradient the "
+                        "shape of its parameter's shard")
+    diffs = compare.grad_differences([dict(o, grads={0: o["grads"]}) for o in outs],
+                                     ref["grads"], 0)
+    bad = [n for n in ref["grads"] if n in diffs and diffs[n][1]]
+    if bad:
+        name = bad[0]
+        ranks = diffs[name][1]
+        why = explain(outs, ref["grads"], name, ranks, layout, alone=len(bad) == 1)
+        more = f" ({len(bad) - 1} other parameters differ too)" if len(bad) > 1 else ""
+        return (f"the gradient of {_label(name)} after your sync differs from one "
+                f"process's on ranks {ranks}, by up to {diffs[name][0]:.2g} of its "
+                f"largest entry{more}. {why}")
+    return losses_problem(outs, ref)
+
+
+def losses_problem(outs, ref) -> str | None:
+    for k, (a, b) in enumerate(zip(outs[0]["losses"], ref["losses"])):
+        if abs(a - b) > compare.LOSS_RTOL * abs(b):
+            return (f"the gradients of step 0 are right, but the loss of step {k} is "
+                    f"{a:.6f} where one process has {b:.6f}: every step must be "
+                    "synchronised the same way (and only the gradients changed)")
+    return None
+
+
+def _label(name):
+    if name == TIED:
+        return (f"{TIED} (the token embedding, tied to the LM head: lm_head.weight on "
+                "the last stage)")
+    return name
+
+
+def _close(a, b):
+    scale = max(b.abs().max().item(), 1e-30)
+    return (a - b).abs().max().item() / scale < compare.GRAD_RTOL * 10
+
+
+def explain(outs, ref, name, ranks, layout, alone=False) -> str:
+    """Which reduction explains the difference of ``name`` on ``ranks``; ``alone``:
+    no other parameter differs (so a mistake of the tied weight's own)."""
+    layout = Layout(*layout)
+    local = {o["rank"]: o["grads"][name] for o in outs if name in o["grads"]}
+    want = {o["rank"]: compare.local_slice(ref[name], o["shards"][name])
+            for o in outs if name in o["grads"]}
+    coords = {o["rank"]: layout.coords(o["rank"]) for o in outs}
+    if name == TIED:
+        tied = _tied(outs, local, want, coords, ranks, layout, alone)
+        if tied:
+            return tied
+    return _reduction(outs, local, want, coords, name, ranks, layout)
+
+
+def _stages(ranks, coords, layout) -> str:
+    """'the first stage (ranks [0, 1]) and the last (ranks [4, 5])', of ``ranks``."""
+    first = [r for r in ranks if coords[r].pp == 0]
+    last = [r for r in ranks if coords[r].pp == layout.pp - 1]
+    parts = ([f"the first stage (ranks {first})"] if first else []) + (
+        [f"the last stage (ranks {last})"] if last else [])
+    return " and ".join(parts)
+
+
+def _tied(outs, local, want, coords, ranks, layout, alone) -> str | None:
+    """The tied weight's own mistakes: across the stages (pp > 1) or on one (pp = 1)."""
+    if layout.pp == 1:
+        if all(_close(local[r], want[r] * 2) for r in ranks):
+            return ("It is twice the one-process gradient. With pp = 1 the embedding "
+                    "and the LM head are one Parameter on one stage: autograd has "
+                    "already summed both uses, so there is nothing to add across "
+                    "stages (and the embedding group is this rank alone).")
+        return None
+    if alone and all(_close(local[r] * 2, want[r]) for r in ranks):  # (a+b)/2 each
+        return (f"It is half the one-process gradient on {_stages(ranks, coords, layout)}"
+                ": the embedding group's two copies were averaged, not summed. Each "
+                "stage holds a different use's part (the embedding's, the LM head's) and "
+                "the tied weight's gradient is their sum: all_reduce over "
+                "groups['embedding'] with no division (the group is not a replica of "
+                "the same tokens, as dp x cp is).")
+    if _summed_over(local, want, coords, ranks, ("pp",)):
+        return ("The first stage's gradient (the embedding's use) plus the last "
+                "stage's (the LM head's) is the one-process gradient: the tied "
+                "weight's two copies must be summed over the embedding group, "
+                "groups['embedding'] (the first and last stage's ranks of the same dp, "
+                "cp and tp), so that both stages step it the same way.")
+    if not alone:
+        return None
+    before = {o["rank"]: o["before"][TIED] for o in outs if TIED in o["before"]}
+    own = {r: _replica_mean(before, coords, r) for r in ranks}
+    if all(_close(local[r], own[r]) for r in ranks):
+        kept = _stages(ranks, coords, layout)
+        summed = _stages([r for r in local if r not in ranks], coords, layout)
+        return (f"On {kept} it is that stage's own part alone (what backward left "
+                f"there, averaged over dp x cp), while {summed or 'the other stage'} "
+                "holds the sum: the sum reached one end of the embedding group only "
+                "(dist.reduce leaves it on its destination; the others keep their own "
+                "part). Both copies must hold the sum, or the two stages step different "
+                "weights: dist.all_reduce over groups['embedding'].")
+    return None
+
+
+def _summed_over(local, want, coords, ranks, axis) -> bool:
+    """The sum over each group of ``axis`` (the ranks differing only there) is the
+    reference, for every group holding one of ``ranks``."""
+    groups = {}
+    for r in local:
+        c = coords[r]
+        key = tuple(v for a, v in zip(c._fields, c) if a not in axis)
+        groups.setdefault(key, []).append(r)
+    return all(_close(sum(local[r] for r in g), want[g[0]])
+               for g in groups.values() if any(r in ranks for r in g))
+
+
+def _reduction(outs, local, want, coords, name, ranks, layout) -> str:
+    sp = {o["rank"]: name in o["sp"] for o in outs}
+
+    def factor(k):
+        return k > 1 and all(_close(local[r], want[r] * k) for r in ranks)
+
+    dp, cp, tp = layout.dp, layout.cp, layout.tp
+    if tp > 1 and any(sp[r] for r in ranks) and _summed_over(local, want, coords, ranks,
+                                                             ("tp",)):
+        return ("Its sum over the tp group is the one-process gradient: under sequence "
+                "parallelism each tp rank's LayerNorms (and row-parallel biases, the "
+                "position embedding) saw only its s/tp positions, so their gradients "
+                "are partial and must be summed over tp, not averaged.")
+    if dp * cp > 1 and all(_close(_replica_mean(local, coords, q), want[q])
+                           for q in ranks):
+        return (f"The mean over the {dp * cp} dp x cp ranks is the one-process "
+                "gradient: each of them saw different tokens (rows for dp, positions "
+                "for cp), so every gradient must be averaged over dp_cp (a sum, then "
+                "/ dp·cp).")
+    readings = [(dp * cp, f"summed over dp x cp but not divided by dp·cp = {dp * cp}"),
+                (cp, f"divided by dp = {dp} only: the cp ranks also saw different "
+                     f"tokens (their positions), so divide by dp·cp = {dp * cp}"),
+                (dp, f"divided by cp = {cp} only: divide by dp·cp = {dp * cp}"),
+                (tp, "summed over tp once too often, or a tp sum applied to a "
+                     "gradient that is not partial"),
+                (2, "counted twice")]
+    for k, text in readings:
+        if factor(k):
+            return f"It is {k} times the one-process gradient: {text}."
+    for k, _ in readings[:3]:
+        if k > 1 and all(_close(local[r] * k, want[r]) for r in ranks):
+            return (f"It is 1/{k} of the one-process gradient: divided by {k} once too "
+                    "often (average over dp x cp = a sum, then one division by dp·cp).")
+    return ("No missing or doubled reduction over one group explains it: check "
+            "which parameters are partial under sequence parallelism (sum over tp), "
+            "that every gradient is averaged over dp x cp, and that only the tied "
+            "weight is summed over the embedding group.")
+
+
+def _replica_mean(local, coords, q):
+    """The mean of ``local`` over the ranks holding rank q's piece of the model
+    (those that differ from it in dp and cp only)."""
+    piece = (coords[q].pp, coords[q].tp)
+    same = [r for r in local if (coords[r].pp, coords[r].tp) == piece]
+    return sum(local[r] for r in same) / len(same)
+
+
+# -- the global gradient norm --------------------------------------------------------
+
+def norm_problem(outs, ref, layout) -> str | None:
+    """None if every rank's norm of every step is one process's (``ref["norms"]``,
+    clip_grad_norm_'s) and the clipped run's losses are the clipped reference's."""
+    layout = Layout(*layout)
+    whole = ref["norms"][0]
+    got = {o["rank"]: o["norms"][0] for o in outs}
+    wrong = {r: v for r, v in got.items() if not _near(v, whole)}
+    if wrong:
+        return (f"at step 0 your norm is {_values(got)} where one process's "
+                f"clip_grad_norm_ computes {whole:.6g} (the 2-norm of the whole model's "
+                f"gradient, the tied weight once). {_norm_reading(got, whole, outs, ref, layout)}")
+    for k, want in enumerate(ref["norms"]):
+        off = [o["rank"] for o in outs if not _near(o["norms"][k], want)]
+        if off:
+            return (f"your norm is right at step 0 but at step {k} rank {off[0]} has "
+                    f"{outs[off[0]]['norms'][k]:.6g} where one process has {want:.6g}: "
+                    "compute it from the gradients of each step")
+    return losses_problem(outs, ref)
+
+
+def _near(v, want) -> bool:
+    return abs(v - want) <= NORM_RTOL * abs(want)
+
+
+def _values(got) -> str:
+    values = sorted(set(f"{v:.6g}" for v in got.values()))
+    if len(values) == 1:
+        return values[0]
+    return "different on different ranks (" + ", ".join(
+        f"rank {r}: {v:.6g}" for r, v in sorted(got.items())[:6]) + ")"
+
+
+def _norm_reading(got, whole, outs, ref, layout) -> str:
+    """Which classic mistake the norms at step 0 are (capstone.clip's WRONG, tied)."""
+    grads = ref["grads"]
+    squares = {n: g.square().sum().item() for n, g in grads.items()}
+    tp_split = {n for o in outs for n, s in o["shards"].items() if s is not None}
+    replicated = sum(v for n, v in squares.items() if n not in tp_split)
+    dp_cp, tp, pp = layout.dp * layout.cp, layout.tp, layout.pp
+    readings = []
+    if dp_cp > 1:
+        readings.append((whole * math.sqrt(dp_cp), (
+            f"sqrt(dp·cp) = sqrt({dp_cp}) times too large: summed over dp x cp too. "
+            "After the sync every rank of a dp x cp group holds the same averaged "
+            "gradient: sum the squares over tp and pp only")))
+    if tp > 1:
+        readings.append((math.sqrt(whole ** 2 + (tp - 1) * replicated), (
+            f"the parameters replicated over tp counted tp = {tp} times: every tp rank "
+            "holds the LayerNorms, the row-parallel biases and the position embedding "
+            "whole; count them on one tp rank")))
+    if pp > 1:
+        readings.append((math.sqrt(whole ** 2 + squares[TIED]), (
+            "the tied weight counted twice: its copies on the first and the last stage "
+            "are one weight of the one-process model; count it on one stage")))
+    if tp > 1 and pp > 1:
+        readings.append((math.sqrt(whole ** 2 + (tp - 1) * replicated + squares[TIED]), (
+            f"the tied weight counted twice and the parameters replicated over tp "
+            f"counted tp = {tp} times: count each on one rank")))
+    readings.append((whole ** 2, "the squared norm: take its square root"))
+    if len({round(v, 4) for v in got.values()}) == 1:
+        v = next(iter(got.values()))
+        for value, text in readings:
+            if _near(v, value):
+                return f"It is {text}."
+        return f"It is {v / whole:.4g} times the one-process norm."
+    coords = {r: layout.coords(r) for r in got}
+    for axis, group in (("pp", "groups['pp']"), ("tp", "groups['tp']")):
+        by_rest = {}
+        for r, v in got.items():
+            key = tuple(x for a, x in zip(coords[r]._fields, coords[r]) if a != axis)
+            by_rest.setdefault(key, set()).add(round(v, 4))
+        if any(len(values) > 1 for values in by_rest.values()):
+            return (f"It differs across the {axis} ranks: each holds different entries "
+                    f"of the model's gradient, so the sum of squares must be summed over "
+                    f"{group} before the square root, and every rank return the same norm.")
+    return "Every rank must return the same norm, the whole model's."
+
+
+# -- the embedding groups ------------------------------------------------------------
+
+def groups_problem(outs, truth, layout) -> str | None:
+    """None if each rank returned its embedding group (``truth``: every group's
+    ranks), None on a middle stage."""
+    layout = Layout(*layout)
+    for o in sorted(outs, key=lambda o: o["rank"]):
+        r, c = o["rank"], layout.coords(o["rank"])
+        want = next((g for g in truth if r in g), None)
+        if want is None:
+            if o["kind"] != "NoneType":
+                return (f"rank {r} is on a middle stage (pp rank {c.pp} of {layout.pp}): "
+                        f"it holds no tied weight and is in no embedding group, so "
+                        f"embedding_group returns None there, not "
+                        f"{o['ranks'] if o['ranks'] else o['kind']}")
+            continue
+        if o["ranks"] is None:
+            alone = (" With pp = 1 the first stage is the last: the group is this "
+                     "rank alone." if layout.pp == 1 else "")
+            got = "None" if o["kind"] == "NoneType" else (
+                "a group it is not a member of" if o["kind"] == "not a member"
+                else f"a {o['kind']}")
+            return (f"rank {r} (dp {c.dp}, pp {c.pp}, cp {c.cp}, tp {c.tp}) got {got} "
+                    f"from embedding_group, where its embedding group is ranks {want}: "
+                    f"return the ProcessGroup dist.new_group made for it.{alone}")
+        if sorted(o["ranks"]) != want:
+            return (f"rank {r}'s group holds ranks {sorted(o['ranks'])}, where its "
+                    f"embedding group is {want}: the first and the last stage's ranks "
+                    f"with rank {r}'s dp, cp and tp coordinates (dp {c.dp}, cp {c.cp}, "
+                    f"tp {c.tp}; ranks fill the mesh (dp, pp, cp, tp), tp fastest: "
+                    "layout.rank(coords)).")
+        if o["summed"] != len(want):
+            return (f"rank {r}'s group summed {o['summed']:g} ones over {len(want)} ranks")
+    return None
