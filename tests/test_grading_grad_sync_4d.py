@@ -77,6 +77,12 @@ PP_ZEROS = (
     "        dist.all_reduce(buf, group=groups[\"pp\"])\n")
 REDUCE_FIRST = ('dist.reduce(tied.grad, dst=groups["ranks"]["embedding"][0], '
                 'group=groups["embedding"])')
+SEND_TO_FIRST = """if stage.first:
+            part = torch.empty_like(tied.grad)
+            dist.recv(part, src=groups["ranks"]["embedding"][-1])
+            tied.grad += part
+        else:
+            dist.send(tied.grad, dst=groups["ranks"]["embedding"][0])"""
 FUNCTIONAL = """
 
 
@@ -103,6 +109,7 @@ EDITS = {  # name -> the reference's sync_gradients cell, edited
         "\n            p.grad = None"),
     "tied_mean": sources.replaced((EMBEDDING_AR, EMBEDDING_AR + "\n        tied.grad /= 2")),
     "reduce_first": sources.replaced((EMBEDDING_AR, REDUCE_FIRST)),
+    "send_to_first": sources.replaced((EMBEDDING_AR, SEND_TO_FIRST)),
     "only_layernorms": sources.replaced(("if shards[name] is None:",
                                          'if shards[name] is None and "ln" in name:')),
     "chapter_sp_params": sources.replaced((
@@ -252,13 +259,23 @@ def test_the_tied_weight_averaged_over_its_group_is_named_half():
 
 
 def test_a_last_stage_that_kept_its_own_part_is_named():
-    # dist.reduce, as a new student writes it: the sum reaches the first stage only
-    text = fails(gs.check_parity, wrong("reduce_first"), [(2, 1, 2, 1)])
+    # the last stage's part sent to the first, added there: the last keeps its own
+    text = fails(gs.check_parity, wrong("send_to_first"), [(2, 1, 2, 1)])
     assert "differs from one process's on ranks [1, 3]" in text
     assert ("On the last stage (ranks [1, 3]) it is that stage's own part alone (what "
             "backward left there, averaged over dp x cp), while the first stage (ranks "
-            "[0, 2]) holds the sum") in text
-    assert "dist.reduce leaves it on its destination" in text
+            "[0, 2]) holds the sum: the sum reached one end of the embedding group "
+            "only.") in text
+    assert "dist.all_reduce over groups['embedding']" in text
+
+
+def test_a_reduce_onto_the_first_stage_is_named():
+    # dist.reduce, as a new student writes it: the sum reaches the first stage only,
+    # and what the last stage's tensor holds after it is gloo's business
+    text = fails(gs.check_parity, wrong("reduce_first"), [(1, 2, 2, 2)])
+    assert "it is that stage's own part alone" in text or "neither the sum" in text
+    assert "while the first stage (ranks [0, 1, 2, 3]) holds the sum" in text
+    assert "Your sync called dist.reduce: only its destination receives the sum" in text
     assert "no missing or doubled reduction" not in text.lower()
 
 
@@ -405,7 +422,7 @@ FAILED = {  # submission -> the test cells that score zero, and what their messa
                **NOT_GRADED},
     "tied_mean": {**dict.fromkeys(PP_CELLS, "It is half the one-process gradient"),
                   **NOT_GRADED},
-    "reduce_first": {**dict.fromkeys(PP_CELLS, "it is that stage's own part alone"),
+    "reduce_first": {**dict.fromkeys(PP_CELLS, "Your sync called dist.reduce"),
                      **NOT_GRADED},
     "world": {"test_traffic": "Unnecessary groups: the world."},
     "deadlock": dict.fromkeys(PP_CELLS + ("test_traffic", "test_clipped_step"),

@@ -104,8 +104,8 @@ def _tied(outs, local, want, coords, ranks, layout, alone) -> str | None:
                 ": the embedding group's two copies were averaged, not summed. Each "
                 "stage holds a different use's part (the embedding's, the LM head's) and "
                 "the tied weight's gradient is their sum: all_reduce over "
-                "groups['embedding'] with no division (the group is not a replica of "
-                "the same tokens, as dp x cp is).")
+                "groups['embedding'] with no division (its ranks hold two different "
+                "uses, not replicas that saw other tokens, as dp x cp's ranks are).")
     if _summed_over(local, want, coords, ranks, ("pp",)):
         return ("The first stage's gradient (the embedding's use) plus the last "
                 "stage's (the LM head's) is the one-process gradient: the tied "
@@ -114,18 +114,24 @@ def _tied(outs, local, want, coords, ranks, layout, alone) -> str | None:
                 "cp and tp), so that both stages step it the same way.")
     if not alone:
         return None
+    ends = {coords[r].pp for r in ranks}
+    others = [r for r in local if coords[r].pp not in ends]   # the other end: right
+    if len(ends) > 1 or not others:
+        return None
+    # One end is right (the sum), the other not: the sum reached one end only.
     before = {o["rank"]: o["before"][TIED] for o in outs if TIED in o["before"]}
-    own = {r: _replica_mean(before, coords, r) for r in ranks}
-    if all(_close(local[r], own[r]) for r in ranks):
-        kept = _stages(ranks, coords, layout)
-        summed = _stages([r for r in local if r not in ranks], coords, layout)
-        return (f"On {kept} it is that stage's own part alone (what backward left "
-                f"there, averaged over dp x cp), while {summed or 'the other stage'} "
-                "holds the sum: the sum reached one end of the embedding group only "
-                "(dist.reduce leaves it on its destination; the others keep their own "
-                "part). Both copies must hold the sum, or the two stages step different "
-                "weights: dist.all_reduce over groups['embedding'].")
-    return None
+    own = all(_close(local[r], _replica_mean(before, coords, r)) for r in ranks)
+    what = ("that stage's own part alone (what backward left there, averaged over "
+            "dp x cp)" if own else "neither the sum nor that stage's own part")
+    reduced = any(c["op"] == "reduce" for o in outs for c in o["calls"])
+    note = (" Your sync called dist.reduce: only its destination receives the sum; "
+            "what the other ranks' tensors hold after it is left to the algorithm "
+            "(their own part, or a partial sum)." if reduced else "")
+    return (f"On {_stages(ranks, coords, layout)} it is {what}, while "
+            f"{_stages(others, coords, layout)} holds the sum: the sum reached one end "
+            f"of the embedding group only.{note} Both copies must hold the sum, or the "
+            "two stages step different weights: dist.all_reduce over "
+            "groups['embedding'].")
 
 
 def _summed_over(local, want, coords, ranks, axis) -> bool:
