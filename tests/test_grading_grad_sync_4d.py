@@ -8,7 +8,8 @@ reference is the tied GPT; the reference (the source notebook's, ``sources.refer
 passes every check on the visible and hidden layouts; each plausible wrong answer
 of each part, written as an edit of it, fails with the message that says what to
 fix. Part 1 (the embedding groups): the whole pipeline as the group, [first, last]
-at pp = 1 (a duplicate rank), the grader's own groups called. Part 2 (the sync):
+at pp = 1 (a duplicate rank), each group made by its members only (a hang, ended
+at the deadline), the grader's own groups called. Part 2 (the sync):
 the tied weight not summed across the stages, averaged instead of summed (half its
 value), reduced onto the first stage only (the last keeps its own part), the
 average over dp x cp divided by dp only, the SP gradients averaged over tp, not
@@ -128,6 +129,11 @@ GROUP_EDITS = {  # name -> the reference's embedding_group cell, edited
     "duplicate": sources.replaced((
         "ranks = sorted({r, layout.rank(head._replace(pp=layout.pp - 1))})",
         "ranks = [r, layout.rank(head._replace(pp=layout.pp - 1))]")),
+    "own_only": sources.replaced((
+        "        group = dist.new_group(ranks)  # pp = 1: the first stage is the last, "
+        "one rank\n        if dist.get_rank() in ranks:\n            mine = group",
+        "        if dist.get_rank() in ranks:  # each rank makes its own group only\n"
+        "            mine = dist.new_group(ranks)")),
     "graders": sources.replaced(("    mine = None\n",
                                  "    mine = None\n    gs.embedding_groups(layout)\n")),
 }
@@ -232,6 +238,15 @@ def test_the_whole_pipeline_as_the_embedding_group_is_named():
 def test_a_duplicate_rank_at_one_stage_is_named():
     text = fails(gs.check_embedding_group, wrong("duplicate"), [(2, 2, 1, 1)])
     assert "ranks list must not contain duplicate entries, got [0, 0]" in text
+
+
+def test_groups_made_by_their_members_only_end_at_the_deadline_explained():
+    t0 = time.monotonic()
+    text = fails(gs.check_embedding_group, wrong("own_only"), [(2, 1, 2, 1)],
+                 timeout=SHORT)
+    assert stopped_as_a_stall(text, time.monotonic() - t0, SHORT)
+    assert "embedding_group did not finish within 3 s on 4 ranks" in text
+    assert "dist.new_group, which is collective over the whole world" in text
 
 
 def test_the_graders_own_groups_are_refused():

@@ -83,11 +83,22 @@ def check_embedding_group(build, layouts=GROUPS, timeout=None):
     embedding group (its ranks: the first and last stage's with this rank's dp,
     cp and tp), None on a middle stage; the group works (an all-reduce over it)."""
     for layout in layouts:
-        outs = runs.outcome(runs.groups_on_rank, (build,), layout, timeout,
-                            name_of(build))
+        try:
+            outs = runs.outcome(runs.groups_on_rank, (build,), layout, timeout,
+                                name_of(build))
+        except AssertionError as failure:
+            if "did not finish within" not in str(failure):
+                raise
+            raise AssertionError(f"{failure}\n{_NEW_GROUP}") from None
         problem = diagnose.groups_problem(outs, embedding_groups(layout), layout)
         if problem:
             raise AssertionError(f"{name_of(build)} on {describe(layout)}: {problem}")
+
+
+_NEW_GROUP = ("A rank that stops inside embedding_group most often waits in "
+              "dist.new_group, which is collective over the whole world: every rank "
+              "must call it for every group, in the same order, the groups it is not "
+              "in included (it returns a non-member marker there).")
 
 
 # -- part 2: the sync ----------------------------------------------------------------
