@@ -128,8 +128,9 @@ def train_on_rank(log_dir, sync, norm, layout):
     cfg = train_config(layers_for(layout), None if norm is None else MAX_NORM)
     sequence_parallel = layout.tp > 1          # Megatron's: no SP without TP
     validate(cfg.gpt_config(), layout, SEQ_LEN, sequence_parallel)
-    stage, groups, coords = trainer.build(layout, cfg.gpt_config(), cfg.seed,
-                                          sequence_parallel, stage_class=tied.TiedStage,
+    stage, groups, coords = trainer.build(layout, cfg.gpt_config(), seed=cfg.seed,
+                                          sequence_parallel=sequence_parallel,
+                                          stage_class=tied.TiedStage,
                                           groups_of=tied.tied_groups)
     partial = {id(p) for p in stage.sp_params} if sequence_parallel else set()
     del stage.sp_params                        # the student decides which they are
