@@ -17,8 +17,9 @@ reduced, or only the LayerNorms' reduced, the tied weight counted twice on one
 stage, a gradient left None, the chapter's sp_params asked for, a right answer
 over the whole world, over every stage or through functional collectives
 (traffic), a deadlock (only the first stage calls the embedding group's
-all-reduce) ended at the deadline. Part 3 (the clipped step): the norm summed over
-dp x cp too, the tied weight counted twice, each rank's own norm, chapter 11's
+all-reduce) ended at the deadline. Part 3 (the clipped step): the norm summed
+over dp x cp too, the tied weight counted twice, the replicated parameters
+counted tp times, the squared norm, each rank's own norm, chapter 11's
 capstone.clip called, and a wrong sync not graded. Layer 4 (slow): `nbgrader
 generate_assignment`, `autograde` and `export` on the assignment with nine
 submissions whose scores are known.
@@ -145,6 +146,9 @@ NORM_EDITS = {  # name -> the reference's grad_norm cell, edited
         'dist.all_reduce(squares, group=groups["pp"])\n'
         '    dist.all_reduce(squares, group=groups["dp_cp"])')),
     "norm_tied_twice": sources.replaced((COUNTED, "shards[name] is None and not tp_lead")),
+    "norm_replicas_tp": sources.replaced((
+        "(shards[name] is None and not tp_lead) or (", "False or (")),
+    "norm_squared": sources.replaced(("return squares.sqrt()", "return squares")),
     "norm_local": sources.replaced(('    dist.all_reduce(squares, group=groups["tp"])\n'
                                     '    dist.all_reduce(squares, group=groups["pp"])\n',
                                     "")),
@@ -397,6 +401,16 @@ def test_a_norm_summed_over_dp_x_cp_is_named():
 def test_the_tied_weight_counted_twice_in_the_norm_is_named():
     text = _norm_fails("norm_tied_twice", (1, 2, 3, 1))
     assert "It is the tied weight counted twice" in text
+
+
+def test_replicated_parameters_counted_tp_times_in_the_norm_are_named():
+    text = _norm_fails("norm_replicas_tp", (1, 2, 3, 1))
+    assert "It is the parameters replicated over tp counted tp = 2 times" in text
+
+
+def test_the_squared_norm_is_named():
+    assert "It is the squared norm: take its square root" in _norm_fails(
+        "norm_squared", (3, 1, 2, 1))
 
 
 def test_each_ranks_own_norm_is_named():
