@@ -35,8 +35,8 @@ summed its two uses.
 
 This package holds the plumbing only (``config``: the decoder, batches and
 one-process reference; ``tied``: the tied stage and the grader's groups;
-``runs``: the functions on the ranks; ``diagnose``, ``traffic``: what is
-wrong): the answers live in the instructors' source notebook, and a
+``runs``: the functions on the ranks; ``diagnose``, ``norms``, ``traffic``:
+what is wrong): the answers live in the instructors' source notebook, and a
 student's function that calls the chapters' own answer is told so
 (``runs.REFUSED``).
 
@@ -51,7 +51,7 @@ every step, and for part 3 every step's norm against ``clip_grad_norm_``'s.
 from labsupport.capstone import compare
 from labsupport.capstone.layout import Layout
 from labsupport.checking.diagnosis import name_of
-from labsupport.grading.grad_sync_4d import diagnose, runs, traffic
+from labsupport.grading.grad_sync_4d import diagnose, norms, runs, traffic
 from labsupport.grading.grad_sync_4d.config import (  # noqa: F401 - the tests' and notebook's
     MAX_NORM,
     STEPS,
@@ -156,7 +156,7 @@ def check_clipped(sync, norm, layouts=CLIPPED, timeout=None):
                                  f"{describe(layout)}, so the clipped step is not "
                                  f"graded: {problem}")
         clipped = reference(layers_for(layout), clip_norm=MAX_NORM)
-        problem = diagnose.norm_problem(outs, dict(clipped, grads=plain["grads"]), layout)
+        problem = norms.norm_problem(outs, dict(clipped, grads=plain["grads"]), layout)
         if problem:
             raise AssertionError(f"{name_of(norm)} on {describe(layout)}: {problem}")
 
