@@ -47,10 +47,20 @@ def _describe_rank(rank, states, stuck, now, stalled=False) -> str:
         whose = f"{source}'s {what}" if what.startswith("chunk") else f"{what} from {source}"
         head = f"rank {rank} waited {waited:.0f} s for {whose} (dist.{op})"
     else:
-        head = (f"rank {rank} waited {waited:.0f} s in dist.{op} of its {what} to rank {peer}"
-                + ("" if queued else ", which had not posted the matching receive"))
+        head = (f"rank {rank} waited {waited:.0f} s in dist.{op} of {_its(what)} to rank "
+                f"{peer}" + ("" if queued else ", which had not posted the matching receive"))
     return head + queued + _peer_state(peer, states, stuck, op) + "." + never \
         + _held_back(st)
+
+
+def _its(what) -> str:
+    """The sent tensor as the rank's own: 'its chunk 1', 'elements 0:3 of its tensor';
+    a tensor ``p2p_log`` describes with an article keeps it ('a 1536-element tensor')."""
+    if what.startswith("chunk "):
+        return f"its {what}"
+    if what.endswith(" of the tensor"):
+        return what.removesuffix(" of the tensor") + " of its tensor"
+    return what or "a tensor"
 
 
 def _held_back(st) -> str:

@@ -5,7 +5,8 @@ The assignment's decoder ties the LM head to the token embedding
 the first pipeline stage and the head on the last, the one weight lives on two
 stages (``TiedStage``, the rank's piece of it); Megatron-LM keeps the two copies
 equal by summing their gradients over its *embedding group*, the first and last
-stage's ranks that hold the same shard (``embedding_groups``, ``tied_groups``;
+stage's ranks that hold the same shard (the grader's ``embedding_groups``,
+``tied_groups``, which refuse to run inside a student's ``embedding_group``;
 ``_allreduce_word_embedding_grads`` in
 ``megatron/core/distributed/finalize_model_grads.py``). The grader
 (``grading.grad_sync_4d``) trains this stage with ``capstone.trainer``'s loop.
@@ -41,7 +42,9 @@ class TiedStage(Stage):
 
 def embedding_groups(layout) -> list:
     """Megatron's embedding groups, as lists of ranks: for each (dp, cp, tp)
-    coordinate, the ranks of the first and the last stage (one rank if pp = 1)."""
+    coordinate, the ranks of the first and the last stage (one rank if pp = 1):
+    what the grader checks a student's groups against."""
+    _refuse_while_the_student_builds()
     layout = Layout(*layout)
     out = []
     for dp in range(layout.dp):
@@ -53,13 +56,24 @@ def embedding_groups(layout) -> list:
 
 
 _GROUPS = {}
+_STUDENT_BUILDING = []   # non-empty while a student's embedding_group runs (the grader's)
+
+
+def _refuse_while_the_student_builds():
+    if _STUDENT_BUILDING:
+        raise AssertionError(
+            "embedding_group called the grader's own groups (grad_sync_4d.tied): build "
+            "the embedding groups yourself with dist.new_group")
 
 
 def tied_groups(layout) -> dict:
     """``capstone.layout.make_groups`` plus "embedding", this rank's embedding
     group (and its ranks under "ranks"). Every rank makes every group in one
     order; cached per layout for the life of the process group. A middle stage
-    holds no tied weight and is in no embedding group: None (as in Megatron)."""
+    holds no tied weight and is in no embedding group: None (as in Megatron).
+    The grader hands these to the student's sync, so that part 1 (the student's
+    own groups) and part 2 are graded apart."""
+    _refuse_while_the_student_builds()
     layout = Layout(*layout)
     key = (layout, id(dist.group.WORLD))
     if key not in _GROUPS:
