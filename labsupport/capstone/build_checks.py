@@ -254,6 +254,8 @@ class PieceStage(Stage):
 
     def __init__(self, piece, cfg, group, sequence_parallel=True):
         nn.Module.__init__(self)
+        self.split = dist.get_world_size(group) > 1    # as Stage: tp = 1 splits nothing
+        sequence_parallel = sequence_parallel and self.split
         self.cfg, self.group, self.sequence_parallel = cfg, group, sequence_parallel
         self.first, self.last = "tok" in piece, "lm_head" in piece
         c = len(piece["positions"])
