@@ -201,5 +201,6 @@ def test_grid_draws_every_rank_once_per_panel(layout):
     # one trace per group, its ranks' places the trace's points
     groups = layout_groups(lay)
     assert len(fig.data) == sum(len(groups[k]) for k in grid.KINDS)
-    assert fig.layout.title.text.startswith(f"The {lay.world_size} ranks of {lay!r}")
+    assert fig.layout.title.text.startswith(
+        f"{lay.world_size} ranks, dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp}")
 

@@ -244,12 +244,24 @@ def test_a_duplicate_rank_at_one_stage_is_named():
     assert "ranks list must not contain duplicate entries, got [0, 0]" in text
 
 
-def test_groups_made_by_their_members_only_end_at_the_deadline_explained():
-    t0 = time.monotonic()
+def test_groups_made_by_their_members_only_are_named_at_the_first_call():
+    # Each rank makes its own group only: ranks 0 and 1 ask for [0, 1] while 2 and 3
+    # ask for [2, 3] at the same call (gloo alone would hang or cross-wire them).
     text = fails(gs.check_embedding_group, wrong("own_only"), [(2, 1, 2, 1)],
                  timeout=SHORT)
+    assert ("at call 1 of dist.new_group the ranks asked for different groups "
+            "(rank 0 [0, 1], rank 1 [0, 1], rank 2 [2, 3], rank 3 [2, 3])") in text
+    assert "dist.new_group, which is collective over the whole world" in text
+
+
+def test_a_rank_that_skips_a_group_ends_at_the_deadline_explained():
+    # Only the members call new_group, and the groups differ in number per rank:
+    # at (1, 1, 3, 1) rank 1 (a middle stage) makes none and the others wait for it.
+    t0 = time.monotonic()
+    text = fails(gs.check_embedding_group, wrong("own_only"), [(1, 1, 3, 1)],
+                 timeout=SHORT)
     assert stopped_as_a_stall(text, time.monotonic() - t0, SHORT)
-    assert "embedding_group did not finish within 3 s on 4 ranks" in text
+    assert "embedding_group did not finish within 3 s on 3 ranks" in text
     assert "dist.new_group, which is collective over the whole world" in text
 
 

@@ -64,9 +64,9 @@ def grid_figure(layout, kinds=KINDS, height=None):
                          range=[layout.dp * layout.pp - 0.5, -0.9],  # down; room for text
                          showticklabels=col == 1,
                          title_text="dp,pp" if col == 1 else None, row=1, col=col)
-    fig.update_layout(title=f"The {layout.world_size} ranks of Layout(dp={layout.dp}, "
-                            f"tp={layout.tp}, pp={layout.pp}, cp={layout.cp}), "
-                            "coloured by group", height=height)
+    fig.update_layout(title=f"{layout.world_size} ranks, dp={layout.dp} tp={layout.tp} "
+                            f"pp={layout.pp} cp={layout.cp}: a colour per group",
+                      height=height)
     return fig
 
 

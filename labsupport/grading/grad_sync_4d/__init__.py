@@ -96,9 +96,7 @@ def check_embedding_group(build, layouts=GROUPS, timeout=None):
 
 
 _NEW_GROUP = ("A rank that stops inside embedding_group most often waits in "
-              "dist.new_group, which is collective over the whole world: every rank "
-              "must call it for every group, in the same order, the groups it is not "
-              "in included (it returns a non-member marker there).")
+              f"{runs.NEW_GROUP}.")
 
 
 # -- part 2: the sync ----------------------------------------------------------------

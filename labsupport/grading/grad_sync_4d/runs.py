@@ -106,7 +106,8 @@ def groups_on_rank(log_dir, build, layout):
     layout, rank = Layout(*layout), dist.get_rank()
     tied._STUDENT_BUILDING.append(True)
     try:
-        with p2p_log.record(log_path(log_dir, rank)), _refusing("groups", build):
+        with p2p_log.record(log_path(log_dir, rank)), _refusing("groups", build), \
+                _new_group_in_step():
             group = build(layout)
             out = dict(rank=rank, ranks=None, kind=type(group).__name__)
             if isinstance(group, dist.ProcessGroup):
@@ -118,6 +119,42 @@ def groups_on_rank(log_dir, build, layout):
     finally:
         tied._STUDENT_BUILDING.pop()
     return out
+
+
+NEW_GROUP = ("dist.new_group, which is collective over the whole world: every rank "
+             "must call it for every group, in the same order, the groups it is not "
+             "in included (it returns a non-member marker there)")
+
+
+@contextlib.contextmanager
+def _new_group_in_step():
+    """While the student's ``embedding_group`` runs, each ``dist.new_group`` call first
+    all-gathers, over the world, the ranks it was given: two ranks that make different
+    groups at the same call are told so at once, and a rank that skips a call leaves the
+    others waiting here (the deadline explains it). Without this, two groups made under
+    one name (each by its own members only) meet in gloo's rendezvous, which, by the
+    machine's timing, hangs or wires one group's ranks to the other's."""
+    real, calls_made = dist.new_group, [0]
+
+    def in_step(ranks=None, *args, **kwargs):
+        mine = None if ranks is None else [int(r) for r in ranks]
+        if mine is not None and len(set(mine)) != len(mine):
+            return real(ranks, *args, **kwargs)          # its own error names the duplicate
+        calls_made[0] += 1
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, None if mine is None else sorted(mine))
+        if any(x != every[0] for x in every):
+            made = ", ".join(f"rank {r} {x}" for r, x in enumerate(every))
+            raise AssertionError(
+                f"at call {calls_made[0]} of dist.new_group the ranks asked for different "
+                f"groups ({made}): {NEW_GROUP}.")
+        return real(ranks, *args, **kwargs)
+
+    dist.new_group = in_step
+    try:
+        yield
+    finally:
+        dist.new_group = real
 
 
 def train_on_rank(log_dir, sync, norm, layout):
