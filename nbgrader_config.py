@@ -28,3 +28,8 @@ c.CourseDirectory.course_id = "distributed-training"
 # outside the ranks), so it stays far above what a right answer's cell takes on
 # a busy class hub (book/instructors.md, "Deadlocks never hang the grader").
 c.Execute.timeout = 600
+# Starting each notebook's kernel is wall clock too: nbgrader waits 60 s by
+# default, and a class hub (or CI) grading several notebooks at once beside other
+# work has taken longer than that to start one; the cell then never ran and the
+# submission failed whole. Five minutes is the same last resort as above.
+c.Execute.startup_timeout = 300
